@@ -1,0 +1,18 @@
+"""falconet: a performance-first trainer for object detectors.
+
+Importing this package is cheap (no torch): the plugin system and CLI load in well under a
+second on any machine. See :mod:`falconet.plugins` for the plugin manager.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from falconet.hookspecs import hookimpl
+
+try:
+    __version__ = version("falconet-core")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "hookimpl"]

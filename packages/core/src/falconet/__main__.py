@@ -1,0 +1,5 @@
+"""``python -m falconet``: the same as the ``falconet`` command."""
+
+from falconet.cli import main
+
+main()

@@ -1,0 +1,28 @@
+"""falconet's own plugin: registered through the same manager as every external plugin.
+
+It provides the precision backends, the ``eager`` dispatch and the core's CLI commands, so the
+core has no private path around the registries.
+"""
+
+from __future__ import annotations
+
+from falconet.registry import Register
+
+
+def register_precision_backends(register: Register) -> None:
+    from falconet.precision import BF16, FP16, FP32
+
+    for backend in (FP32, FP16, BF16):
+        register(backend)
+
+
+def register_graph_backends(register: Register) -> None:
+    from falconet.dispatch import EagerDispatch
+
+    register(EagerDispatch())
+
+
+def register_commands(register: Register) -> None:
+    from falconet.cli.plugins_command import plugins
+
+    register(plugins)

@@ -1,0 +1,104 @@
+"""Every hook a falconet plugin can implement, in one place.
+
+Each hook is ``register_<kind>(register)``: the core owns the registry of that kind and passes a
+``register`` callable; a plugin calls it once per item it adds. Items are cheap to create: heavy
+imports (transformer_engine, hotcoco, CUDA-only code) belong inside the item's methods, never at
+module level, so ``falconet plugins list`` works on any machine.
+
+Every docstring follows one template: what the hook registers, its parameter, when it is called,
+and what becomes of the return value (always ignored: the ``register`` calls are the result).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from falconet.registry import Register
+
+PROJECT = "falconet"
+"""The pluggy project name and the entry-point group plugins are found under."""
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def register_families(register: Register) -> None:
+    """Register model families (:class:`falconet.interfaces.ModelFamily`).
+
+    :param register: call ``register(family)`` once per family; the family's name and each of its
+        model names (``yolo``, ``yolo-n``, ...) become selectable with ``model=...``.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """
+
+
+@hookspec
+def register_assigners(register: Register) -> None:
+    """Register label assigners (:class:`falconet.interfaces.Assigner`).
+
+    :param register: call ``register(assigner)`` once per assigner; its ``name`` becomes
+        selectable with ``assigner=...``.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """
+
+
+@hookspec
+def register_eval_backends(register: Register) -> None:
+    """Register COCO evaluation backends (:class:`falconet.interfaces.EvalBackend`).
+
+    :param register: call ``register(backend)`` once per backend; its ``name`` becomes
+        selectable with ``eval_backend=...``.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """
+
+
+@hookspec
+def register_precision_backends(register: Register) -> None:
+    """Register numeric precision backends (:class:`falconet.interfaces.PrecisionBackend`).
+
+    :param register: call ``register(backend)`` once per backend; its ``name`` becomes
+        selectable with ``amp_dtype=...``.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """
+
+
+@hookspec
+def register_graph_backends(register: Register) -> None:
+    """Register dispatch backends for the network call (:class:`falconet.interfaces.GraphBackend`).
+
+    :param register: call ``register(backend)`` once per backend; its ``name`` becomes
+        selectable with ``graph=...``.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """
+
+
+@hookspec
+def register_commands(register: Register) -> None:
+    """Register ``falconet`` subcommands (:class:`click.Command` or :class:`click.Group`).
+
+    :param register: call ``register(command)`` once per command; ``command.name`` is the
+        subcommand (``falconet <name> ...``). A name already taken is refused with both
+        distributions named.
+
+    Called once when the plugins are loaded (before the command line is parsed).
+    The return value is ignored.
+    """
+
+
+@hookspec
+def register_callbacks(register: Register) -> None:
+    """Register training callbacks (:class:`falconet.interfaces.CallbackFactory`).
+
+    :param register: call ``register(factory)`` once per callback; ``factory.name`` identifies
+        it in ``callbacks=...`` and in the run's log.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """

@@ -1,0 +1,222 @@
+"""The contract of each kind of thing a plugin can register.
+
+Every kind is a runtime-checkable :class:`typing.Protocol`: a registry refuses an item that lacks
+the attributes below, with the plugin named. Conventions shared by all kinds:
+
+* images: ``float`` tensors ``[B, 3, H, W]`` in ``[0, 1]``, RGB, on the training device;
+* boxes: ``xyxy`` in pixels of the tensor they refer to, ``float32``, unless a docstring says
+  otherwise (COCO evaluation uses ``xywh`` in original-image pixels, as COCO does);
+* labels: contiguous class indices ``0..C-1``, ``int64``;
+* ground truth in a batch is *padded*: ``boxes [B, M, 4]``, ``labels [B, M]`` and a
+  ``counts [B]`` (``int64``) of real boxes per image, so model, assigner and loss code is
+  static-shaped (``M`` depends on the batch's bucket, never on Python-side data inspection).
+
+Every item carries ``name`` (what users type) and ``summary`` (one line for
+``falconet plugins list``). Torch is imported only for type checking here, so importing this
+module costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@runtime_checkable
+class ModelFamily(Protocol):
+    """A family of detectors (YOLO, DETR-style, ...) and everything needed to train it.
+
+    ``models`` lists the selectable model names (``yolo-n``, ``yolo-s``, ...); they share one
+    namespace with family names across all plugins.
+    """
+
+    name: str
+    summary: str
+    models: Sequence[str]
+
+    def build_model(self, model: str, num_classes: int) -> nn.Module:
+        """Build ``model`` (one of ``models``) with ``num_classes`` classes, randomly initialised.
+
+        In training mode the module maps images ``[B, 3, H, W]`` to raw head outputs (whatever
+        the family's loss consumes); :meth:`postprocess` turns those into detections.
+        """
+        ...
+
+    def build_loss(self, model: nn.Module, assigner: Assigner) -> Callable[..., Any]:
+        """Return ``loss(outputs, targets) -> (total [], parts {name: []})`` using ``assigner``.
+
+        ``targets`` is the padded ground truth of the module docstring. ``total`` is a scalar
+        normalised so it does not depend on the world size (DDP averages gradients).
+        """
+        ...
+
+    def default_recipe(self, model: str) -> Mapping[str, Any]:
+        """Training keys this model trains best with (``optimizer``, ``lr0``, ``imgsz``, ...)."""
+        ...
+
+    def capture_region(self, model: nn.Module) -> nn.Module | None:
+        """The submodule a graph backend may capture or compile, or ``None`` for none.
+
+        The region must have static shapes for a fixed input shape and no Python-side
+        data-dependent control flow (YOLO: the whole network).
+        """
+        ...
+
+    def postprocess(self, outputs: Any, image_sizes: Sequence[tuple[int, int]]) -> list[dict]:
+        """Decode raw outputs into one ``{boxes [N, 4] xyxy, scores [N], labels [N]}`` per image.
+
+        ``image_sizes`` holds each input's ``(height, width)`` in pixels; boxes are returned in
+        those pixels (the caller undoes its letterbox).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What an assigner returns: per-anchor training targets, all ``[B, A, ...]``.
+
+    ``labels [B, A] int64`` (ignored where ``foreground`` is 0), ``boxes [B, A, 4] float32``
+    (xyxy pixels), ``scores [B, A, C] float32`` (soft classification targets) and
+    ``foreground [B, A] float32`` (1 for positive anchors, else 0: a mask to multiply by).
+    """
+
+    labels: torch.Tensor
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    foreground: torch.Tensor
+
+
+@runtime_checkable
+class Assigner(Protocol):
+    """A label assigner: a standalone, no-grad function of predictions and padded targets."""
+
+    name: str
+    summary: str
+
+    def __call__(
+        self,
+        pred_scores: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        anchor_points: torch.Tensor,
+        gt_boxes: torch.Tensor,
+        gt_labels: torch.Tensor,
+        gt_counts: torch.Tensor,
+    ) -> Assignment:
+        """Assign ground truth to anchors.
+
+        :param pred_scores: ``[B, A, C]`` class probabilities (after sigmoid), detached.
+        :param pred_boxes: ``[B, A, 4]`` predicted boxes, xyxy pixels, detached.
+        :param anchor_points: ``[A, 2]`` anchor centres ``(x, y)`` in pixels.
+        :param gt_boxes: ``[B, M, 4]`` padded ground-truth boxes, xyxy pixels.
+        :param gt_labels: ``[B, M]`` padded labels, ``int64``.
+        :param gt_counts: ``[B]`` number of real boxes per image, ``int64``.
+
+        Each anchor is assigned at most one ground-truth box.
+        """
+        ...
+
+
+@runtime_checkable
+class EvalBackend(Protocol):
+    """A COCO evaluator. Every backend must return the reference (pycocotools) numbers.
+
+    Ground truth and detections follow COCO conventions: boxes ``xywh`` in original-image
+    pixels, category ids as in the ground-truth file. The result holds the 12 COCO stats under
+    ``AP AP50 AP75 APs APm APl AR1 AR10 AR100 ARs ARm ARl``.
+    """
+
+    name: str
+    summary: str
+
+    def version(self) -> str:
+        """The version of the library doing the work (imported here, not at plugin load)."""
+        ...
+
+    def evaluate(self, ground_truth: Any, detections: Any) -> Mapping[str, Any]:
+        """Evaluate ``detections`` against ``ground_truth`` and return the stats mapping."""
+        ...
+
+
+@runtime_checkable
+class PrecisionBackend(Protocol):
+    """How the numbers of a step are represented: an autocast context, a scaler, a model wrapper.
+
+    Composed into the trainer, never subclassed into it.
+    """
+
+    name: str
+    summary: str
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        """``None`` when the backend can run on ``device``, else why not (one sentence)."""
+        ...
+
+    def autocast(self, device: torch.device) -> AbstractContextManager[Any]:
+        """The context the forward pass and loss run under."""
+        ...
+
+    def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
+        """A gradient scaler when the format needs loss scaling (fp16), else ``None``."""
+        ...
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Convert or wrap the model for this format (identity for autocast-only backends)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DispatchContext:
+    """What a graph backend may inspect before it agrees to dispatch the network.
+
+    ``capture_region`` is the family's declared region (``None``: the family declares none);
+    ``world_size`` is 1 outside distributed runs.
+    """
+
+    device: torch.device
+    precision: str
+    world_size: int = 1
+    capture_region: nn.Module | None = None
+
+
+@runtime_checkable
+class GraphBackend(Protocol):
+    """How the network call is dispatched: eagerly, compiled, or replayed from a CUDA graph."""
+
+    name: str
+    summary: str
+
+    def decline_reason(self, context: DispatchContext) -> str | None:
+        """``None`` to accept, else the one log line saying why it declines here."""
+        ...
+
+    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
+        """Return a callable with the network's signature that dispatches it this way."""
+        ...
+
+
+@runtime_checkable
+class Callback(Protocol):
+    """Observer of a training run. Every method is optional to override; all return ``None``.
+
+    Methods: ``on_train_start``, ``on_epoch_start``, ``on_step_end``, ``on_val_end``,
+    ``on_train_end``, ``on_exception``; each receives the trainer (and the exception, for the
+    last). Callbacks read state; they must not synchronise the device every step.
+    """
+
+    name: str
+
+
+@runtime_checkable
+class CallbackFactory(Protocol):
+    """What ``register_callbacks`` registers: ``factory(**options) -> Callback``."""
+
+    name: str
+    summary: str
+
+    def __call__(self, **options: Any) -> Callback: ...

@@ -1,0 +1,15 @@
+"""Contract suites: subclass one in your own tests and set its class attributes.
+
+    from falconet_testing.contracts import PluginContract
+
+    class TestMyPlugin(PluginContract):
+        plugin = "my_package.falconet_plugin"   # the entry point's value
+        distribution = "my-package"
+
+Each later kind (families, assigners, eval backends, graph backends) adds its suite here.
+"""
+
+from falconet_testing.contracts.plugin import PluginContract
+from falconet_testing.contracts.precision import PrecisionBackendContract
+
+__all__ = ["PluginContract", "PrecisionBackendContract"]

@@ -1,0 +1,63 @@
+"""Cross-package fixtures: a real installation of the faulty fixture plugins, kept aside.
+
+``tests/fixtures/broken-plugin`` is built into a wheel with hatchling and unpacked into a
+temporary site folder (what an installer does with a pure-Python wheel), so its entry points are
+discovered by ``importlib.metadata`` exactly as an installed distribution's are, but only by the
+tests that put that folder on their path; the development environment stays clean.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the installed ``falconet-broken-plugin`` distribution."""
+    from hatchling.builders.wheel import WheelBuilder
+
+    dist = tmp_path_factory.mktemp("dist")
+    site = tmp_path_factory.mktemp("site")
+    (wheel,) = WheelBuilder(str(FIXTURES / "broken-plugin")).build(
+        directory=str(dist), versions=["standard"]
+    )
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site
+
+
+@pytest.fixture
+def falconet_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the installed ``falconet`` command in a subprocess: ``falconet_cli(*args, env=..)``.
+
+    ``site`` prepends a folder to ``PYTHONPATH``; ``env`` adds variables. ``FALCONET_*`` of the
+    calling shell are removed so the tests do not depend on it.
+    """
+
+    def run(
+        *args: str, site: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
+        if site is not None:
+            full["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(site), full.get("PYTHONPATH", "")) if p
+            )
+        full.update(env or {})
+        return subprocess.run(
+            [sys.executable, "-m", "falconet", *args],
+            capture_output=True,
+            text=True,
+            env=full,
+            timeout=120,
+        )
+
+    return run
