@@ -1,0 +1,73 @@
+"""Download the third-party wheels the GPU machine lacks, for its Python 3.12 on x86-64.
+
+Reads the runtime requirements of the wheels in ``WHEEL_DIR`` (the project's own, built by
+prepare.sh), drops those already installed on the GPU machine (device-packages.txt) and the
+project's own packages, and downloads the rest, with their dependencies, as binary wheels into
+``WHEEL_DIR``. Usage: ``python tools/device/missing_wheels.py .whl``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+HERE = Path(__file__).parent
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def device_packages() -> set[str]:
+    lines = (HERE / "device-packages.txt").read_text().splitlines()
+    return {canonical(line) for line in lines if line.strip() and not line.startswith("#")}
+
+
+def wheel_metadata(wheel: Path) -> tuple[str, list[str]]:
+    """The distribution name and its unconditional requirements (extras left out)."""
+    with zipfile.ZipFile(wheel) as archive:
+        meta_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(archive.read(meta_name).decode())
+    requirements = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    return meta["Name"], requirements
+
+
+def requirement_name(requirement: str) -> str:
+    return canonical(re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0))
+
+
+def main(wheel_dir: Path) -> None:
+    present = device_packages()
+    own = {canonical(wheel_metadata(w)[0]) for w in wheel_dir.glob("*.whl")}
+    wanted = sorted({
+        requirement.split(";")[0].strip()
+        for wheel in wheel_dir.glob("*.whl")
+        for requirement in wheel_metadata(wheel)[1]
+        if requirement_name(requirement) not in present | own
+    })
+    if not wanted:
+        print("missing_wheels: the GPU machine has every third-party requirement already")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+             "--python-version", "3.12", "--implementation", "cp", "-d", tmp,
+             *[arg for p in PLATFORMS for arg in ("--platform", p)], *wanted],
+            check=True,
+        )
+        for wheel in Path(tmp).glob("*.whl"):
+            name = canonical(wheel_metadata(wheel)[0])
+            if name not in present:
+                wheel.rename(wheel_dir / wheel.name)
+                print(f"missing_wheels: {wheel.name}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
