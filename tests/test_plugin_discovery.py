@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from falconet.plugins import PluginLoadError, Plugins
 from falconet_testing.contracts import PluginContract
 

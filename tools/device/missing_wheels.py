@@ -17,8 +17,14 @@ from email.parser import Parser
 from pathlib import Path
 
 HERE = Path(__file__).parent
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
 
 
 def canonical(name: str) -> str:
@@ -46,20 +52,35 @@ def requirement_name(requirement: str) -> str:
 def main(wheel_dir: Path) -> None:
     present = device_packages()
     own = {canonical(wheel_metadata(w)[0]) for w in wheel_dir.glob("*.whl")}
-    wanted = sorted({
-        requirement.split(";")[0].strip()
-        for wheel in wheel_dir.glob("*.whl")
-        for requirement in wheel_metadata(wheel)[1]
-        if requirement_name(requirement) not in present | own
-    })
+    wanted = sorted(
+        {
+            requirement.split(";")[0].strip()
+            for wheel in wheel_dir.glob("*.whl")
+            for requirement in wheel_metadata(wheel)[1]
+            if requirement_name(requirement) not in present | own
+        }
+    )
     if not wanted:
         print("missing_wheels: the GPU machine has every third-party requirement already")
         return
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-             "--python-version", "3.12", "--implementation", "cp", "-d", tmp,
-             *[arg for p in PLATFORMS for arg in ("--platform", p)], *wanted],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--implementation",
+                "cp",
+                "-d",
+                tmp,
+                *[arg for p in PLATFORMS for arg in ("--platform", p)],
+                *wanted,
+            ],
             check=True,
         )
         for wheel in Path(tmp).glob("*.whl"):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import click
 from click.testing import CliRunner
+
 from falconet import __version__
 from falconet.cli import build_cli
 from falconet.dispatch import EagerDispatch

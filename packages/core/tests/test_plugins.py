@@ -9,6 +9,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
+
 from falconet import hookspecs
 from falconet.dispatch import EagerDispatch
 from falconet.plugins import PluginLoadError, Plugins, get_plugins, reset_plugins

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from falconet.precision import BF16, FP16, FP32
 from falconet_testing.contracts import PrecisionBackendContract
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+
 from falconet.interfaces import GraphBackend, ModelFamily
 from falconet.registry import (
     DuplicateNameError,

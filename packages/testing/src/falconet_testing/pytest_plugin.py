@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Callable
 
 import pytest
-from falconet.plugins import PluginRecord, Plugins
 
+from falconet.plugins import PluginRecord, Plugins
 from falconet_testing.fixtures import fresh_plugins
 
 _counter = itertools.count()
