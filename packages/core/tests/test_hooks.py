@@ -1,0 +1,92 @@
+"""Every hook, end to end: a plugin implementing it fills the matching registry, and an item that
+does not satisfy the kind's interface breaks that plugin with the interface named."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import click
+import pytest
+
+from falconet import hookspecs
+from falconet.dispatch import EagerDispatch
+from falconet.precision import AutocastPrecision
+
+
+class Family:
+    name, summary, models = "toy", "toy family", ("toy-s", "toy-m")
+
+    def build_model(self, model, num_classes): ...
+    def build_loss(self, model, assigner): ...
+    def default_recipe(self, model): ...
+    def capture_region(self, model): ...
+    def postprocess(self, outputs, image_sizes): ...
+
+
+class Assigner:
+    name, summary = "nearest", "nearest centre"
+
+    def __call__(self, pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels, gt_counts): ...
+
+
+class EvalBackend:
+    name, summary = "toy-eval", "toy evaluator"
+
+    def version(self):
+        return "1"
+
+    def evaluate(self, ground_truth, detections):
+        return {}
+
+
+class Callback:
+    name, summary = "toy-logger", "logs nothing"
+
+    def __call__(self, **options):
+        return self
+
+
+@click.command("toy")
+def toy_command():
+    """A toy command."""
+
+
+class Dispatch(EagerDispatch):
+    name = "toy-dispatch"
+
+
+VALID = {
+    "families": (Family(), "toy-m"),
+    "assigners": (Assigner(), "nearest"),
+    "eval_backends": (EvalBackend(), "toy-eval"),
+    "precision_backends": (AutocastPrecision("toy-fp32", "plain"), "toy-fp32"),
+    "graph_backends": (Dispatch(), "toy-dispatch"),
+    "commands": (toy_command, "toy"),
+    "callbacks": (Callback(), "toy-logger"),
+}
+
+
+def test_every_hook_is_covered_here():
+    hooks = {n.removeprefix("register_") for n in dir(hookspecs) if n.startswith("register_")}
+    assert hooks == set(VALID)
+
+
+@pytest.mark.parametrize("kind", sorted(VALID))
+def test_hook_fills_its_registry(kind, falconet_plugins, add_falconet_plugin):
+    item, lookup = VALID[kind]
+    plugin = SimpleNamespace(**{f"register_{kind}": lambda register: register(item)})
+    record = add_falconet_plugin(plugin, name="toy", distribution="toy-dist")
+    assert record.status == "ok", record.failure
+    assert record.hooks == [f"register_{kind}"]
+    registry = falconet_plugins.registries[kind]
+    assert registry.get(lookup) is item
+    assert registry.entry(lookup).provenance.distribution == "toy-dist"
+
+
+@pytest.mark.parametrize("kind", sorted(VALID))
+def test_hook_refuses_an_item_of_the_wrong_kind(kind, add_falconet_plugin):
+    plugin = SimpleNamespace(**{f"register_{kind}": lambda register: register("not an item")})
+    record = add_falconet_plugin(plugin, distribution="toy-dist")
+    assert record.status == "broken"
+    assert record.failure.type == "InvalidItemError"
+    assert "toy-dist" in record.failure.message and "does not satisfy" in record.failure.message
