@@ -1,7 +1,7 @@
 """falconet's own plugin: registered through the same manager as every external plugin.
 
-It provides the precision backends, the ``eager`` dispatch and the core's CLI commands, so the
-core has no private path around the registries.
+It provides the precision backends, the ``eager`` dispatch, the reference ``pycocotools`` eval
+backend and the core's CLI commands, so the core has no private path around the registries.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ def register_graph_backends(register: Register) -> None:
     register(EagerDispatch())
 
 
+def register_eval_backends(register: Register) -> None:
+    from falconet.evaluation.pycocotools_backend import PycocotoolsBackend
+
+    register(PycocotoolsBackend())
+
+
 def register_commands(register: Register) -> None:
+    from falconet.cli.eval_command import eval_command
     from falconet.cli.plugins_command import plugins
 
     register(plugins)
+    register(eval_command)

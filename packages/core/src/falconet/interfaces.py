@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from falconet.evaluation.contract import Detections, EvalResult, GroundTruth
+
 
 @runtime_checkable
 class ModelFamily(Protocol):
@@ -124,22 +126,29 @@ class Assigner(Protocol):
 
 @runtime_checkable
 class EvalBackend(Protocol):
-    """A COCO evaluator. Every backend must return the reference (pycocotools) numbers.
+    """A COCO bbox evaluator. Every backend must return the reference (pycocotools) numbers;
+    ``falconet_testing.contracts.EvalBackendContract`` checks it.
 
-    Ground truth and detections follow COCO conventions: boxes ``xywh`` in original-image
-    pixels, category ids as in the ground-truth file. The result holds the 12 COCO stats under
-    ``AP AP50 AP75 APs APm APl AR1 AR10 AR100 ARs ARm ARl``.
+    Input and output are :mod:`falconet.evaluation.contract`: flat numpy arrays with boxes
+    ``xywh`` in original-image pixels and the ground truth's own category ids; the result holds
+    the 12 COCO stats under ``AP AP50 AP75 APs APm APl AR1 AR10 AR100 ARs ARm ARl``, per-class
+    AP and AP50 keyed by category name, and the backend's name and version. Input is validated
+    before a backend sees it (every detection's image and category id is in the ground truth).
     """
 
     name: str
     summary: str
 
     def version(self) -> str:
-        """The version of the library doing the work (imported here, not at plugin load)."""
+        """The version of the library doing the work; imports it, so it raises
+        ``EvalBackendUnavailable`` with the install command when the library is missing."""
         ...
 
-    def evaluate(self, ground_truth: Any, detections: Any) -> Mapping[str, Any]:
-        """Evaluate ``detections`` against ``ground_truth`` and return the stats mapping."""
+    def evaluate(
+        self, ground_truth: GroundTruth, detections: Detections, *, threads: int | None = None
+    ) -> EvalResult:
+        """Evaluate ``detections`` against ``ground_truth``; ``threads=None`` is the library's
+        default. Must handle zero detections (every stat with ground truth is then 0)."""
         ...
 
 

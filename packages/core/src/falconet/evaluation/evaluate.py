@@ -1,0 +1,59 @@
+"""Evaluate detections with a registered backend, after validating them once for all backends."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from falconet.evaluation.contract import Detections, EvalResult, GroundTruth
+from falconet.plugins import Plugins, get_plugins
+
+PREFERENCE = ("hotcoco", "vernier", "pycocotools")
+"""Backends from fastest to slowest, as tools/bench_eval.py measured them (docs/evaluation.md);
+all pass the parity suite."""
+
+
+class EvalBackendUnavailable(RuntimeError):
+    """A registered backend whose library is not installed."""
+
+
+def require_library(module: str, backend: str, install: str):  # -> module
+    """Import ``module`` for ``backend``, or fail with the command that installs it."""
+    try:
+        return import_module(module)
+    except ImportError as exc:
+        raise EvalBackendUnavailable(
+            f"eval_backend={backend} needs the {module} library, which is not importable "
+            f"({exc}); install it with: pip install {install}"
+        ) from exc
+
+
+def default_backend_name(plugins: Plugins | None = None) -> str:
+    """The fastest installed backend whose library imports (pycocotools is always there)."""
+    plugins = plugins or get_plugins()
+    for name in PREFERENCE:
+        if name in plugins.eval_backends:
+            try:
+                plugins.eval_backends.get(name).version()
+            except EvalBackendUnavailable:
+                continue
+            return name
+    return "pycocotools"
+
+
+def evaluate(
+    ground_truth: GroundTruth,
+    detections: Detections,
+    *,
+    backend: str | None = None,
+    threads: int | None = None,
+    plugins: Plugins | None = None,
+) -> EvalResult:
+    """COCO bbox evaluation of ``detections`` by the backend named (default: the fastest).
+
+    Detections for image or category ids the ground truth does not hold raise
+    :class:`~falconet.evaluation.contract.EvalInputError` naming them, whatever the backend.
+    """
+    plugins = plugins or get_plugins()
+    detections.check_against(ground_truth)
+    name = backend or default_backend_name(plugins)
+    return plugins.eval_backends.get(name).evaluate(ground_truth, detections, threads=threads)
