@@ -54,7 +54,8 @@ def test_label_outside_the_categories_is_an_error():
 def test_merge_keeps_each_image_once_like_a_padded_distributed_sampler():
     rank0, rank1 = DetectionAccumulator(CATEGORY_IDS), DetectionAccumulator(CATEGORY_IDS)
     rank0.add(
-        [1, 3], [output([[0, 0, 1, 1]], [0.5], [0]), output([[0, 0, 3, 3]] * 2, [0.375, 0.25], [1, 1])]
+        [1, 3],
+        [output([[0, 0, 1, 1]], [0.5], [0]), output([[0, 0, 3, 3]] * 2, [0.375, 0.25], [1, 1])],
     )
     rank1.add(
         [2, 1],

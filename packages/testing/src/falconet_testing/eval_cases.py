@@ -17,7 +17,6 @@ import numpy as np
 from falconet.evaluation.coco_json import load_ground_truth
 from falconet.evaluation.contract import Detections, GroundTruth
 
-
 COCO128_BBOX_JSON = files("falconet_testing") / "data" / "coco128_instances_bbox.json"
 """COCO128's instances file, bounding boxes only (see data/NOTICE.md)."""
 

@@ -1,0 +1,35 @@
+"""The hotcoco backend: parity with pycocotools, plugin contract, missing library, threads."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from falconet.evaluation import Detections
+from falconet.evaluation.evaluate import EvalBackendUnavailable
+from falconet_eval_hotcoco.backend import HotcocoBackend
+from falconet_testing.contracts import EvalBackendContract, PluginContract
+from falconet_testing.eval_cases import coco128_ground_truth
+
+
+class TestHotcocoParity(EvalBackendContract):
+    backend = HotcocoBackend()
+
+
+class TestHotcocoPlugin(PluginContract):
+    plugin = "falconet_eval_hotcoco"
+    distribution = "falconet-eval-hotcoco"
+
+
+def test_missing_library_gives_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hotcoco", None)  # what an absent package looks like
+    with pytest.raises(EvalBackendUnavailable, match="pip install hotcoco"):
+        HotcocoBackend().evaluate(coco128_ground_truth(), Detections.empty())
+
+
+def test_a_later_thread_count_is_reported_not_silently_applied(caplog):
+    backend, gt = HotcocoBackend(), coco128_ground_truth()
+    backend.evaluate(gt, Detections.empty(), threads=None)  # fixes the count, if not yet fixed
+    backend.evaluate(gt, Detections.empty(), threads=97)
+    assert "threads=97 ignored: rayon fixed the thread count" in caplog.text
