@@ -49,7 +49,8 @@ def test_ground_truth_keeps_ids_crowd_and_areas():
             r"images\[0\] lacks height, width",
         ),
         (
-            '{"images": [{"id": 1, "height": 2, "width": 2}], "categories": [{"id": 1, "name": "a"}],'
+            '{"images": [{"id": 1, "height": 2, "width": 2}], '
+            '"categories": [{"id": 1, "name": "a"}],'
             ' "annotations": [{"image_id": 2, "category_id": 1, "bbox": [0, 0, 1, 1]}]}',
             "annotations refer to 1 image ids not in the ground truth: 2",
         ),
@@ -83,7 +84,7 @@ def test_bad_results_are_refused_with_the_reason(tmp_path, content, message):
 
 
 def test_missing_file_is_named(tmp_path):
-    with pytest.raises(EvalInputError, match="results file .*nope.json: cannot read it"):
+    with pytest.raises(EvalInputError, match=r"results file .*nope\.json: cannot read it"):
         load_results(tmp_path / "nope.json")
 
 
