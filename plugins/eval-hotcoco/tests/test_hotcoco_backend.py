@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from falconet.evaluation import Detections
-from falconet.evaluation.evaluate import EvalBackendUnavailable
+from falconet.evaluation.evaluate import EvalBackendUnavailable, default_backend_name
 from falconet_eval_hotcoco.backend import HotcocoBackend
 from falconet_testing.contracts import EvalBackendContract, PluginContract
 from falconet_testing.eval_cases import coco128_ground_truth
@@ -33,3 +33,11 @@ def test_a_later_thread_count_is_reported_not_silently_applied(caplog):
     backend.evaluate(gt, Detections.empty(), threads=None)  # fixes the count, if not yet fixed
     backend.evaluate(gt, Detections.empty(), threads=97)
     assert "threads=97 ignored: rayon fixed the thread count" in caplog.text
+
+
+def test_default_backend_skips_hotcoco_when_its_library_is_missing(
+    monkeypatch, installed_falconet_plugins
+):
+    assert default_backend_name(installed_falconet_plugins) == "hotcoco"
+    monkeypatch.setitem(sys.modules, "hotcoco", None)
+    assert default_backend_name(installed_falconet_plugins) == "vernier"
