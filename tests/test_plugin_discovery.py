@@ -108,7 +108,7 @@ def test_broken_plugins_are_reported_and_everything_else_works(falconet_cli, bro
         "named",
         "'falconet_dependency_that_is_not_installed'",
     ] in rows
-    assert "6 plugins, 4 broken" in table.stdout
+    assert f"{len(report['plugins'])} plugins, 4 broken" in table.stdout
     assert falconet_cli("plugins", "list", "--check", site=broken_plugin_site).returncode == 1
     # every other command keeps working
     hello = falconet_cli("example-hello", site=broken_plugin_site)
@@ -146,6 +146,8 @@ def test_disable_list_skips_plugins_by_entry_point_or_distribution(
     statuses = {p["name"]: p["status"] for p in json.loads(result.stdout)["plugins"]}
     assert statuses == {
         "falconet.builtin": "ok",
+        "eval-hotcoco": "ok",
+        "eval-vernier": "ok",
         "example": "disabled",
         **{name: "disabled" for name in BROKEN},
     }

@@ -30,7 +30,8 @@ def graph_plugin(*names: str) -> SimpleNamespace:
 def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.precision_backends.names() == ["bf16", "fp16", "fp32"]
     assert falconet_plugins.graph_backends.names() == ["eager"]
-    assert "plugins" in falconet_plugins.commands
+    assert falconet_plugins.eval_backends.names() == ["pycocotools"]
+    assert falconet_plugins.commands.names() == ["eval", "plugins"]
     (record,) = falconet_plugins.records
     assert (record.name, record.distribution, record.status) == (
         "falconet.builtin",
@@ -39,6 +40,7 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     )
     assert record.hooks == [
         "register_commands",
+        "register_eval_backends",
         "register_graph_backends",
         "register_precision_backends",
     ]

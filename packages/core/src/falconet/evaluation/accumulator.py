@@ -25,14 +25,17 @@ _FIELDS = ("boxes_xyxy", "scores", "labels")
 
 
 def _to_numpy(parts: list[Any], dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-    """Concatenate tensors or arrays; torch tensors are joined on their device and copied once."""
+    """Concatenate tensors or arrays; torch tensors are joined on their device and copied once.
+
+    One ``torch.cat`` over every part, then one ``detach`` and one copy: per-part Python work
+    (a ``detach`` or ``reshape`` per image) cost more than the evaluation itself at 5,000 images.
+    """
     if not parts:
         return np.zeros((0, *shape), dtype=dtype)
     if hasattr(parts[0], "detach"):  # torch.Tensor, without importing torch here
         import torch
 
-        joined = torch.cat([p.detach().reshape(-1, *shape) for p in parts])
-        return joined.cpu().numpy().astype(dtype, copy=False)
+        return torch.cat(parts).detach().cpu().numpy().astype(dtype, copy=False).reshape(-1, *shape)
     return np.concatenate([np.asarray(p).reshape(-1, *shape) for p in parts]).astype(dtype)
 
 
@@ -56,7 +59,7 @@ class DetectionAccumulator:
             raise ValueError(f"{len(image_ids)} image ids for {len(outputs)} outputs")
         for image_id, out in zip(image_ids, outputs, strict=True):
             self._images.append(int(image_id))
-            self._counts.append(len(out["scores"]))
+            self._counts.append(out["scores"].shape[0])
             self._parts["boxes_xyxy"].append(out["boxes"])
             self._parts["scores"].append(out["scores"])
             self._parts["labels"].append(out["labels"])
@@ -106,8 +109,8 @@ class DetectionAccumulator:
                 f"labels must be in 0..{len(self.category_ids) - 1} (one per "
                 f"category), got {labels.min()}..{labels.max()}"
             )
-        xyxy = state["boxes_xyxy"]
-        xywh = np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], axis=1)
+        xywh = state["boxes_xyxy"]  # a fresh array: converted in place
+        xywh[:, 2:] -= xywh[:, :2]
         image_ids = np.repeat(state["images"], state["counts"])
         return Detections(
             image_ids=image_ids,
