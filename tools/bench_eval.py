@@ -7,7 +7,8 @@ positives, duplicates and false positives. For every installed backend it times
 accumulating and summarising), median of ``--repeats`` runs after one warm-up on a small set,
 and checks its 12 stats against pycocotools' on the same data. falconet's own cost is timed
 apart: collecting 5,000 per-image torch outputs with the accumulator and converting them to
-the contract (xyxy -> xywh, labels -> category ids).
+the contract (xyxy -> xywh, labels -> category ids). The outputs sit on ``--device`` (default:
+the GPU when there is one), where a validation run's postprocess leaves them.
 
     uv run --with hotcoco --with vernier python tools/bench_eval.py --threads 2
 """
@@ -111,11 +112,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", default="", help="comma list (default: all installed)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
     plugins = get_plugins()
     names = args.backends.split(",") if args.backends else plugins.eval_backends.names()
     gt, outputs = make_set(args.images, args.dets_per_image)
+    outputs = [{k: v.to(args.device) for k, v in out.items()} for out in outputs]
     overhead, dets = timed(lambda: accumulate(gt, outputs), args.repeats)
     small_gt, small_out = make_set(50, 20, seed=1)
     small_dets = accumulate(small_gt, small_out)
@@ -141,8 +144,9 @@ def main() -> None:
         seconds, result = timed(
             lambda b=backend: b.evaluate(gt, dets, threads=args.threads), args.repeats
         )
-        reference = reference or result
-        same = dict(result.stats) == dict(reference.stats)
+        if name == "pycocotools":
+            reference = result
+        same = "-" if reference is None else ("yes" if result.stats == reference.stats else "NO")
         rows.append((name, version, seconds, same))
     base = next((s for n, _, s, _ in rows if n == "pycocotools"), None)
     print(

@@ -66,17 +66,23 @@ def test_merge_keeps_each_image_once_like_a_padded_distributed_sampler():
     )
     states = [rank0.state(), rank1.state()]
     assert all(isinstance(v, np.ndarray) for s in states for v in s.values())  # picklable
-    merged = DetectionAccumulator.merge(states, CATEGORY_IDS)
-    assert sorted(merged.images) == [1, 2, 3]
-    dets = merged.detections()
+    dets = DetectionAccumulator.merge(states, CATEGORY_IDS)
     np.testing.assert_array_equal(dets.image_ids, [1, 3, 3, 2])
     np.testing.assert_array_equal(dets.scores, [0.5, 0.375, 0.25, 0.125])
 
 
-def test_merge_of_a_single_state_is_the_identity():
-    acc = DetectionAccumulator(CATEGORY_IDS)
-    acc.add([4, 5], [output([[0, 0, 1, 1]], [0.5], [0]), output([[1, 1, 2, 2]], [0.6], [2])])
-    once = acc.detections()
-    again = DetectionAccumulator.merge([acc.state()], CATEGORY_IDS).detections()
+def test_merging_disjoint_ranks_equals_one_process_seeing_everything():
+    batches = [
+        ([4, 5], [output([[0, 0, 1, 1]], [0.5], [0]), output([[1, 1, 2, 2]], [0.625], [2])]),
+        ([6], [output([[2, 2, 6, 5], [0, 1, 2, 3]], [0.25, 0.125], [1, 0])]),
+    ]
+    single, ranks = DetectionAccumulator(CATEGORY_IDS), []
+    for ids, outs in batches:
+        single.add(ids, outs)
+        rank = DetectionAccumulator(CATEGORY_IDS)
+        rank.add(ids, outs)
+        ranks.append(rank.state())
+    merged, once = DetectionAccumulator.merge(ranks, CATEGORY_IDS), single.detections()
     for field in ("image_ids", "category_ids", "boxes", "scores"):
-        np.testing.assert_array_equal(getattr(once, field), getattr(again, field))
+        np.testing.assert_array_equal(getattr(merged, field), getattr(once, field))
+    np.testing.assert_array_equal(once.boxes[-1], [0, 1, 2, 2])  # xyxy [0, 1, 2, 3] as xywh

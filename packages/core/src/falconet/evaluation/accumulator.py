@@ -6,7 +6,7 @@ of numpy arrays, small and picklable, made for ``torch.distributed.all_gather_ob
 
     states = [None] * world_size
     dist.all_gather_object(states, accumulator.state())
-    detections = DetectionAccumulator.merge(states, category_ids).detections()
+    detections = DetectionAccumulator.merge(states, category_ids)
 
 ``merge`` drops a second copy of an image (DistributedSampler pads the last round by repeating
 images on some ranks), so each image counts once.
@@ -21,7 +21,7 @@ import numpy as np
 
 from falconet.evaluation.contract import Detections, EvalInputError
 
-_FIELDS = ("boxes_xyxy", "scores", "labels")
+_FIELDS = ("boxes", "scores", "labels")
 
 
 def _to_numpy(parts: list[Any], dtype: type, shape: tuple[int, ...]) -> np.ndarray:
@@ -37,6 +37,25 @@ def _to_numpy(parts: list[Any], dtype: type, shape: tuple[int, ...]) -> np.ndarr
 
         return torch.cat(parts).detach().cpu().numpy().astype(dtype, copy=False).reshape(-1, *shape)
     return np.concatenate([np.asarray(p).reshape(-1, *shape) for p in parts]).astype(dtype)
+
+
+def _to_xywh(parts: list[Any]) -> np.ndarray:
+    """``[D, 4]`` float64 xywh from xyxy parts, converted where the parts live.
+
+    Detections of a validation run live on the GPU: widening to float64 and subtracting there
+    costs microseconds, against milliseconds on the host. float64 arithmetic on float32 inputs
+    gives the same bits on either side.
+    """
+    if parts and hasattr(parts[0], "detach"):
+        import torch
+
+        boxes = torch.cat(parts).detach().to(torch.float64).reshape(-1, 4)
+        boxes[:, 2:] -= boxes[:, :2]
+        return boxes.cpu().numpy()
+    boxes = _to_numpy(parts, np.float64, (4,))
+    boxes[:, 2] -= boxes[:, 0]
+    boxes[:, 3] -= boxes[:, 1]
+    return boxes
 
 
 class DetectionAccumulator:
@@ -60,7 +79,7 @@ class DetectionAccumulator:
         for image_id, out in zip(image_ids, outputs, strict=True):
             self._images.append(int(image_id))
             self._counts.append(out["scores"].shape[0])
-            self._parts["boxes_xyxy"].append(out["boxes"])
+            self._parts["boxes"].append(out["boxes"])
             self._parts["scores"].append(out["scores"])
             self._parts["labels"].append(out["labels"])
 
@@ -68,32 +87,16 @@ class DetectionAccumulator:
         """Everything collected, as numpy arrays (one device-to-host copy per field).
 
         ``images [I]`` and ``counts [I]`` (detections per image) describe the rows of
-        ``boxes_xyxy [D, 4]``, ``scores [D]`` and ``labels [D]``, grouped per image in order.
+        ``boxes [D, 4]`` (xywh, float64), ``scores [D]`` and ``labels [D]`` (contiguous),
+        grouped per image in order.
         """
         return {
             "images": np.asarray(self._images, dtype=np.int64),
             "counts": np.asarray(self._counts, dtype=np.int64),
-            "boxes_xyxy": _to_numpy(self._parts["boxes_xyxy"], np.float64, (4,)),
+            "boxes": _to_xywh(self._parts["boxes"]),
             "scores": _to_numpy(self._parts["scores"], np.float64, ()),
             "labels": _to_numpy(self._parts["labels"], np.int64, ()),
         }
-
-    @classmethod
-    def merge(
-        cls, states: Sequence[Mapping[str, np.ndarray]], category_ids: Sequence[int]
-    ) -> DetectionAccumulator:
-        """One accumulator holding every state's images, each image once (first state wins)."""
-        merged = cls(category_ids)
-        seen: set[int] = set()
-        for state in states:
-            fresh = np.array([i not in seen for i in state["images"].tolist()], dtype=bool)
-            seen.update(state["images"].tolist())
-            rows = np.repeat(fresh, state["counts"])
-            merged._images.extend(state["images"][fresh].tolist())
-            merged._counts.extend(state["counts"][fresh].tolist())
-            for name in _FIELDS:
-                merged._parts[name].append(state[name][rows])
-        return merged
 
     @property
     def images(self) -> list[int]:
@@ -101,20 +104,43 @@ class DetectionAccumulator:
         return list(self._images)
 
     def detections(self) -> Detections:
-        """The collected detections in the evaluation contract (xywh, category ids)."""
-        state = self.state()
-        labels = state["labels"]
-        if labels.size and (labels.min() < 0 or labels.max() >= len(self.category_ids)):
+        """This process's detections in the evaluation contract (xywh, category ids)."""
+        return self.merge([self.state()], self.category_ids)
+
+    @staticmethod
+    def merge(
+        states: Sequence[Mapping[str, np.ndarray]], category_ids: Sequence[int]
+    ) -> Detections:
+        """The detections of every state, each image once (the first state holding it wins).
+
+        :param category_ids: maps contiguous label ``i`` to category id ``category_ids[i]``.
+        """
+        category_ids = np.asarray(category_ids, dtype=np.int64)
+        seen: set[int] = set()
+        image_ids, kept = [], {name: [] for name in _FIELDS}
+        for state in states:
+            fresh = np.array([i not in seen for i in state["images"].tolist()], dtype=bool)
+            seen.update(state["images"].tolist())
+            rows = np.repeat(fresh, state["counts"])
+            image_ids.append(np.repeat(state["images"][fresh], state["counts"][fresh]))
+            for name in _FIELDS:
+                kept[name].append(state[name] if fresh.all() else state[name][rows])
+        labels = _join(kept["labels"], (), np.int64)
+        if labels.size and (labels.min() < 0 or labels.max() >= len(category_ids)):
             raise EvalInputError(
-                f"labels must be in 0..{len(self.category_ids) - 1} (one per "
+                f"labels must be in 0..{len(category_ids) - 1} (one per "
                 f"category), got {labels.min()}..{labels.max()}"
             )
-        xywh = state["boxes_xyxy"]  # a fresh array: converted in place
-        xywh[:, 2:] -= xywh[:, :2]
-        image_ids = np.repeat(state["images"], state["counts"])
         return Detections(
-            image_ids=image_ids,
-            category_ids=self.category_ids[labels],
-            boxes=xywh,
-            scores=state["scores"],
+            image_ids=_join(image_ids, (), np.int64),
+            category_ids=category_ids[labels],
+            boxes=_join(kept["boxes"], (4,), np.float64),
+            scores=_join(kept["scores"], (), np.float64),
         )
+
+
+def _join(arrays: list[np.ndarray], shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """Concatenate, without copying the common case of one process's single array."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate(arrays) if arrays else np.zeros((0, *shape), dtype=dtype)
