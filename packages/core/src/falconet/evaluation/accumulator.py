@@ -90,12 +90,10 @@ class DetectionAccumulator:
         and ``labels [N]`` (contiguous) for image ``image_ids[j]``."""
         if len(image_ids) != len(outputs):
             raise ValueError(f"{len(image_ids)} image ids for {len(outputs)} outputs")
-        for image_id, out in zip(image_ids, outputs, strict=True):
-            self._images.append(int(image_id))
-            self._counts.append(out["scores"].shape[0])
-            self._parts["boxes"].append(out["boxes"])
-            self._parts["scores"].append(out["scores"])
-            self._parts["labels"].append(out["labels"])
+        self._images.extend(map(int, image_ids))
+        for name in _FIELDS:
+            self._parts[name].extend(out[name] for out in outputs)
+        self._counts.extend(out["scores"].shape[0] for out in outputs)
 
     def state(self) -> dict[str, np.ndarray]:
         """Everything collected, as numpy arrays (one device-to-host copy).
