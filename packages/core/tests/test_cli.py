@@ -39,6 +39,7 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
         "falconet.builtin",
         "ok",
         "register_commands",
+        "data,",
         "eval,",
         "plugins",
     ]

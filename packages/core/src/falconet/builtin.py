@@ -29,8 +29,10 @@ def register_eval_backends(register: Register) -> None:
 
 
 def register_commands(register: Register) -> None:
+    from falconet.cli.data_command import data
     from falconet.cli.eval_command import eval_command
     from falconet.cli.plugins_command import plugins
 
     register(plugins)
     register(eval_command)
+    register(data)
