@@ -1,0 +1,247 @@
+"""From checked samples to padded batches: the dataset, a resumable sampler, the collate.
+
+Determinism: every random choice for a sample (mosaic partners, affine, colour, flip) comes from
+``numpy.random.default_rng([seed, epoch, index])``, so the same seed gives the same batches
+whatever the number of workers or ranks. The sampler yields ``(epoch, index)`` pairs, so the
+epoch (and with it ``close_mosaic``) reaches persistent workers, which never see
+``set_epoch`` calls made in the main process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from falconet.data.records import Sample
+from falconet.data.transforms import (
+    AugmentConfig,
+    augment_hsv,
+    flip_horizontal,
+    letterbox,
+    mosaic,
+    next_bucket,
+    random_affine,
+    read_image,
+    resize_long_side,
+)
+from falconet.paths import cache_dir
+
+CACHE_MODES = ("none", "ram", "disk")
+
+
+class DetectionDataset(torch.utils.data.Dataset):
+    """Samples as network inputs: ``imgsz x imgsz`` uint8 images and pixel boxes.
+
+    :param augment: training augmentation, or ``None`` for validation (letterbox only).
+    :param cache: ``none`` (decode every time), ``ram`` (decoded, resized to the long side
+        ``imgsz``, held in memory; filled before workers start, shared with them) or ``disk``
+        (the same arrays as ``.npy`` files in the cache folder, never beside the data).
+    :param close_mosaic_from: the first epoch without mosaic (``None``: mosaic throughout).
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        imgsz: int,
+        *,
+        augment: AugmentConfig | None = None,
+        cache: str = "none",
+        seed: int = 0,
+        close_mosaic_from: int | None = None,
+        cache_threads: int = 8,
+    ) -> None:
+        if cache not in CACHE_MODES:
+            raise ValueError(f"cache={cache}: expected one of {', '.join(CACHE_MODES)}")
+        self.samples = list(samples)
+        self.imgsz = imgsz
+        self.augment = augment
+        self.seed = seed
+        self.close_mosaic_from = close_mosaic_from
+        self.cache = cache
+        self._ram: list[np.ndarray] | None = None
+        self._disk: Path | None = None
+        if cache == "disk":
+            self._disk = cache_dir("images", f"{imgsz}")
+        if cache in ("ram", "disk"):
+            with ThreadPoolExecutor(cache_threads) as pool:
+                images = list(pool.map(self._fill, range(len(self.samples))))
+            self._ram = images if cache == "ram" else None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _disk_path(self, index: int) -> Path:
+        path = self.samples[index].image
+        stat = path.stat()
+        key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{self.imgsz}"
+        return self._disk / f"{hashlib.sha1(key.encode()).hexdigest()}.npy"
+
+    def _fill(self, index: int) -> np.ndarray:
+        if self._disk is not None:
+            target = self._disk_path(index)
+            if target.exists():
+                return np.load(target)
+            image = resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+            tmp = target.with_suffix(".tmp.npy")
+            np.save(tmp, image)
+            tmp.replace(target)
+            return image
+        return resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The image resized to long side ``imgsz`` and its boxes in those pixels."""
+        if self._ram is not None:
+            image = self._ram[index]
+        elif self._disk is not None:
+            image = np.load(self._disk_path(index))
+        else:
+            image = resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+        h, w = image.shape[:2]
+        boxes = self.samples[index].boxes * np.array([w, h, w, h], np.float32)
+        return image, boxes
+
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        sample = self.samples[index]
+        rng = np.random.default_rng([self.seed, epoch, index])
+        image, boxes = self.load(index)
+        labels = sample.labels
+        used_mosaic = False
+        ratio, pad = self.imgsz / max(sample.width, sample.height), (0.0, 0.0)
+        if self.augment is None:
+            image, _, pad = letterbox(image, self.imgsz)
+            boxes = boxes + np.array([*pad, *pad], np.float32)
+        else:
+            cfg = self.augment
+            mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
+            if mosaic_on and cfg.mosaic > 0 and rng.random() < cfg.mosaic:
+                others = rng.integers(0, len(self.samples), 3).tolist()
+                loaded = [(image, boxes)] + [self.load(i) for i in others]
+                image, boxes = mosaic(
+                    [im for im, _ in loaded], [b for _, b in loaded], self.imgsz, rng
+                )
+                labels = np.concatenate([sample.labels] + [self.samples[i].labels for i in others])
+                used_mosaic = True
+            else:
+                image, _, pad0 = letterbox(image, self.imgsz)
+                boxes = boxes + np.array([*pad0, *pad0], np.float32)
+            image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng)
+            labels = labels[keep]
+            image = augment_hsv(image, cfg, rng)
+            if rng.random() < cfg.fliplr:
+                image, boxes = flip_horizontal(image, boxes)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "boxes": torch.from_numpy(np.asarray(boxes, np.float32).reshape(-1, 4)),
+            "labels": torch.from_numpy(np.asarray(labels, np.int64)),
+            "image_id": sample.image_id,
+            "orig_size": (sample.height, sample.width),
+            "ratio": ratio,
+            "pad": pad,
+            "mosaic": used_mosaic,
+        }
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Stack images; pad targets to ``[B, M, ...]`` with ``M`` a bucket (power of two >= 8) of
+    the largest box count, plus ``counts [B]``. Padded rows are zeros; ``counts`` says how many
+    rows are real, so model, assigner and loss code stays static-shaped per bucket."""
+    counts = torch.tensor([len(item["labels"]) for item in items], dtype=torch.int64)
+    bucket = next_bucket(int(counts.max()) if len(items) else 0)
+    boxes = torch.zeros(len(items), bucket, 4)
+    labels = torch.zeros(len(items), bucket, dtype=torch.int64)
+    for i, item in enumerate(items):
+        boxes[i, : counts[i]] = item["boxes"]
+        labels[i, : counts[i]] = item["labels"]
+    return {
+        "images": torch.stack([item["image"] for item in items]),
+        "boxes": boxes,
+        "labels": labels,
+        "counts": counts,
+        "image_ids": torch.tensor([item["image_id"] for item in items], dtype=torch.int64),
+        "orig_sizes": torch.tensor([item["orig_size"] for item in items], dtype=torch.int64),
+        "ratios": torch.tensor([item["ratio"] for item in items], dtype=torch.float64),
+        "pads": torch.tensor([item["pad"] for item in items], dtype=torch.float64),
+        "mosaic": torch.tensor([item["mosaic"] for item in items]),
+    }
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Yields ``(epoch, index)``: a permutation seeded by ``(seed, epoch)``, this rank's share.
+
+    Every rank draws the same permutation and takes every ``world_size``-th element from its
+    ``rank`` (padded by repeating from the start so ranks get equal counts, as
+    ``DistributedSampler`` does). ``set_epoch(epoch, start)`` skips the first ``start`` indices
+    of this rank's share: exact mid-epoch resume with ``start = batches_done * batch``.
+    """
+
+    def __init__(
+        self, size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
+
+    def _share(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            order = list(range(self.size))
+        per_rank = -(-self.size // self.world_size)
+        order += order[: per_rank * self.world_size - len(order)]
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.epoch, i) for i in self._share()[self.start :])
+
+    def __len__(self) -> int:
+        return max(0, -(-self.size // self.world_size) - self.start)
+
+
+def _worker_init(_worker_id: int) -> None:
+    import cv2
+
+    cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe
+
+
+def build_loader(
+    dataset: DetectionDataset,
+    batch: int,
+    *,
+    workers: int = 0,
+    shuffle: bool = True,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool | None = None,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over ``dataset`` with an :class:`EpochSampler` (``loader.sampler``).
+
+    Workers are persistent (no re-fork per epoch); pinned memory when CUDA is present.
+    """
+    sampler = EpochSampler(
+        len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size
+    )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        persistent_workers=workers > 0,
+        worker_init_fn=_worker_init if workers else None,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        prefetch_factor=4 if workers else None,
+    )
