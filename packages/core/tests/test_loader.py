@@ -84,7 +84,7 @@ def test_boxes_follow_the_pixels_through_mosaic_and_affine(tmp_path, mosaic, deg
             # object pixels outside every box are edge blur, or slivers of objects the output's
             # edge cut to under 10% of their area (dropped on purpose): they touch the edge
             stray = (mask & ~covered).astype(np.uint8)
-            count, parts, stats, _ = cv2.connectedComponentsWithStats(stray)
+            _, _, stats, _ = cv2.connectedComponentsWithStats(stray)
             for x, y, w, h, area in stats[1:]:
                 on_edge = x == 0 or y == 0 or x + w == 160 or y + h == 160
                 assert on_edge or area <= 30, (index, epoch, x, y, w, h, area)
