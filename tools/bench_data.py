@@ -12,7 +12,6 @@ decoding with each library present, the measurement behind the choice of decoder
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import platform
 import statistics
@@ -79,26 +78,33 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=4,
-                        help="use the training images this many times per epoch")
+    parser.add_argument(
+        "--repeat", type=int, default=4, help="use the training images this many times per epoch"
+    )
     parser.add_argument("--workers", default="1,2,4,8")
     args = parser.parse_args()
 
     split = load_dataset(args.data, splits=("train",)).splits["train"]
     samples = split.samples * args.repeat
     files = sorted({str(s.image) for s in split.samples})
-    print(f"data: {args.data}: {len(files)} images x {args.repeat} per epoch, {args.imgsz} px, "
-          f"batch {args.batch}, mosaic on, epochs {args.epochs} (first left out)")
-    print(f"machine: {os.cpu_count()} cores; python {platform.python_version()}; "
-          f"torch {torch.__version__}; opencv {cv2.__version__}")
+    print(
+        f"data: {args.data}: {len(files)} images x {args.repeat} per epoch, {args.imgsz} px, "
+        f"batch {args.batch}, mosaic on, epochs {args.epochs} (first left out)"
+    )
+    print(
+        f"machine: {os.cpu_count()} cores; python {platform.python_version()}; "
+        f"torch {torch.__version__}; opencv {cv2.__version__}"
+    )
     rates = decode_rates(files)
     print("decode, one thread: " + ", ".join(f"{k} {v:.0f} img/s" for k, v in rates.items()))
     print("\n| cache | " + " | ".join(f"{w} workers" for w in args.workers.split(",")) + " |")
     print("| --- |" + " --- |" * len(args.workers.split(",")))
     for cache in ("none", "ram"):
         dataset = DetectionDataset(samples, args.imgsz, augment=AugmentConfig(), cache=cache)
-        cells = [f"{loader_rate(dataset, int(w), args.batch, args.epochs):.0f} img/s"
-                 for w in args.workers.split(",")]
+        cells = [
+            f"{loader_rate(dataset, int(w), args.batch, args.epochs):.0f} img/s"
+            for w in args.workers.split(",")
+        ]
         print(f"| {cache} | " + " | ".join(cells) + " |")
 
 

@@ -48,7 +48,7 @@ def known_pixels(folder: Path, count: int = 12, seed: int = 0) -> list[Sample]:
 
 
 def red(image: torch.Tensor) -> np.ndarray:
-    pixels = image.permute(1, 2, 0).numpy().astype(int)
+    pixels = image.numpy().astype(int)  # HWC
     return (pixels[..., 0] > 160) & (pixels[..., 1] < 90) & (pixels[..., 2] < 90)
 
 
@@ -174,3 +174,4 @@ def test_collate_pads_targets_to_a_bucket(tmp_path):
         assert batch["boxes"][i, n:].abs().sum() == 0
         assert (batch["boxes"][i, :n, 2:] > batch["boxes"][i, :n, :2]).all()
     assert batch["images"].dtype == torch.uint8 and batch["images"].shape == (4, 3, 96, 96)
+    assert batch["images"].is_contiguous(memory_format=torch.channels_last)

@@ -22,7 +22,6 @@ from falconet.data.records import Sample
 from falconet.data.transforms import (
     AugmentConfig,
     augment_hsv,
-    flip_horizontal,
     letterbox,
     mosaic,
     next_bucket,
@@ -131,13 +130,12 @@ class DetectionDataset(torch.utils.data.Dataset):
             else:
                 image, _, pad0 = letterbox(image, self.imgsz)
                 boxes = boxes + np.array([*pad0, *pad0], np.float32)
-            image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng)
+            flip = rng.random() < cfg.fliplr
+            image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng, flip=flip)
             labels = labels[keep]
             image = augment_hsv(image, cfg, rng)
-            if rng.random() < cfg.fliplr:
-                image, boxes = flip_horizontal(image, boxes)
         return {
-            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "image": torch.from_numpy(np.ascontiguousarray(image)),  # HWC: see collate
             "boxes": torch.from_numpy(np.asarray(boxes, np.float32).reshape(-1, 4)),
             "labels": torch.from_numpy(np.asarray(labels, np.int64)),
             "image_id": sample.image_id,
@@ -151,7 +149,11 @@ class DetectionDataset(torch.utils.data.Dataset):
 def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Stack images; pad targets to ``[B, M, ...]`` with ``M`` a bucket (power of two >= 8) of
     the largest box count, plus ``counts [B]``. Padded rows are zeros; ``counts`` says how many
-    rows are real, so model, assigner and loss code stays static-shaped per bucket."""
+    rows are real, so model, assigner and loss code stays static-shaped per bucket.
+
+    ``images`` is ``[B, 3, S, S]`` uint8 in channels_last memory (a view of the stacked HWC
+    arrays): no transpose on the CPU, and the layout the GPU's convolutions want.
+    """
     counts = torch.tensor([len(item["labels"]) for item in items], dtype=torch.int64)
     bucket = next_bucket(int(counts.max()) if len(items) else 0)
     boxes = torch.zeros(len(items), bucket, 4)
@@ -160,7 +162,7 @@ def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         boxes[i, : counts[i]] = item["boxes"]
         labels[i, : counts[i]] = item["labels"]
     return {
-        "images": torch.stack([item["image"] for item in items]),
+        "images": torch.stack([item["image"] for item in items]).permute(0, 3, 1, 2),
         "boxes": boxes,
         "labels": labels,
         "counts": counts,

@@ -1,4 +1,4 @@
-"""Image and box transforms on numpy arrays: letterbox, mosaic, random affine, HSV, flip.
+"""Image and box transforms on numpy arrays: letterbox, mosaic, random affine (with flip), HSV.
 
 Images are ``[H, W, 3]`` uint8 RGB; boxes ``[n, 4]`` xyxy in pixels of that image, float32.
 Every random choice comes from the ``rng`` passed in, so one seed gives one result whatever
@@ -102,9 +102,16 @@ def mosaic(
 
 
 def random_affine(
-    image: np.ndarray, boxes: np.ndarray, size: int, cfg: AugmentConfig, rng: np.random.Generator
+    image: np.ndarray,
+    boxes: np.ndarray,
+    size: int,
+    cfg: AugmentConfig,
+    rng: np.random.Generator,
+    *,
+    flip: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Scale, rotate and translate around the centre into a ``size x size`` output.
+    """Scale, rotate and translate around the centre into a ``size x size`` output, mirrored
+    left-right when ``flip`` (folded into the same warp: no extra pass over the pixels).
 
     Returns the image, the transformed boxes that survive (clipped, and at least 2 px and 10%
     of their transformed area visible) and the indices of those boxes in the input.
@@ -120,6 +127,10 @@ def random_affine(
     shift[0, 2] = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * size
     shift[1, 2] = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * size
     matrix = shift @ rotate @ centre
+    if flip:
+        mirror = np.eye(3)
+        mirror[0, 0], mirror[0, 2] = -1, size
+        matrix = mirror @ matrix
     out = cv2.warpAffine(
         image, matrix[:2], dsize=(size, size), borderValue=(PAD_VALUE, PAD_VALUE, PAD_VALUE)
     )
@@ -147,13 +158,6 @@ def augment_hsv(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator)
     lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
     merged = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
     return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
-
-
-def flip_horizontal(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    w = image.shape[1]
-    flipped = boxes.copy()
-    flipped[:, [0, 2]] = w - boxes[:, [2, 0]]
-    return np.ascontiguousarray(image[:, ::-1]), flipped
 
 
 def next_bucket(count: int, minimum: int = 8) -> int:
