@@ -149,6 +149,32 @@ def test_nothing_usable_exits_2_with_the_reason(tmp_path):
     assert "no usable image left in train" in result.output
 
 
+def test_a_dataset_with_nothing_usable_is_refused_with_the_reason(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"")
+    (tmp_path / "images" / "b.jpg").write_bytes(b"garbage")
+    (tmp_path / "d.yaml").write_text("train: images\nnames: [x]\n")
+    dataset = load_dataset(tmp_path / "d.yaml")
+    with pytest.raises(DataError) as err:
+        dataset.require_usable()
+    message = str(err.value)
+    assert "no usable image in train (2 found; " in message
+    assert "zero-byte-image: 1" in message and "corrupt-image: 1" in message
+
+
+def test_the_usable_part_of_a_broken_dataset_loads_end_to_end(broken_yolo):
+    from falconet.data.loader import DetectionDataset, build_loader
+    from falconet.data.transforms import AugmentConfig
+
+    dataset = load_dataset(broken_yolo)
+    dataset.require_usable()
+    split = dataset.splits["train"]
+    loader = build_loader(DetectionDataset(split.samples, 64, augment=AugmentConfig()), 4)
+    seen = sum(len(batch["images"]) for batch in loader)
+    assert seen == 14  # every usable image, the 16-bit, palette and rotated ones included
+    assert split.summary().startswith("train: 14 of 17 images usable; ")
+
+
 @pytest.mark.parametrize(
     ("yaml", "message"),
     [

@@ -93,6 +93,18 @@ class Dataset:
     def problems(self) -> list[Problem]:
         return [p for split in self.splits.values() for p in split.problems]
 
+    def require_usable(self) -> None:
+        """Refuse a dataset where a split has nothing left to train or validate on."""
+        for split in self.splits.values():
+            if not split.samples:
+                codes = Counter(p.code for p in split.problems if p.action == "skipped")
+                why = ", ".join(f"{code}: {n}" for code, n in codes.most_common()) or "no images"
+                raise DataError(
+                    f"data={self.source}: no usable image in {split.name} "
+                    f"({split.images_total} found; {why}); run `falconet data "
+                    f"check {self.source}` for each file"
+                )
+
 
 def xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
     out = boxes.astype(np.float64, copy=True)
