@@ -1,0 +1,72 @@
+"""The YOLO family's building blocks: Conv-BN-SiLU, the CSP bottleneck stack (C2f) and SPPF.
+
+BatchNorm uses the family's settings (eps 1e-3, momentum 0.03): the running statistics follow
+the data quickly, which the short schedules and strong augmentation of detection want.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+BN_EPS, BN_MOMENTUM = 1e-3, 0.03
+
+
+class Conv(nn.Module):
+    """Convolution (no bias), BatchNorm, SiLU."""
+
+    def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
+        self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class Bottleneck(nn.Module):
+    """Two 3x3 convolutions with an optional residual connection."""
+
+    def __init__(self, c: int, shortcut: bool) -> None:
+        super().__init__()
+        self.cv1, self.cv2 = Conv(c, c, 3), Conv(c, c, 3)
+        self.add = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    """CSP stage: split, run ``n`` bottlenecks on one half, concatenate every intermediate."""
+
+    def __init__(self, c_in: int, c_out: int, n: int, shortcut: bool) -> None:
+        super().__init__()
+        self.c = c_out // 2
+        self.cv1 = Conv(c_in, 2 * self.c, 1)
+        self.cv2 = Conv((2 + n) * self.c, c_out, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        for block in self.m:
+            y.append(block(y[-1]))
+        return self.cv2(torch.cat(y, 1))
+
+
+class SPPF(nn.Module):
+    """Spatial pyramid pooling, fast: three chained 5x5 max-pools, concatenated."""
+
+    def __init__(self, c_in: int, c_out: int, k: int = 5) -> None:
+        super().__init__()
+        hidden = c_in // 2
+        self.cv1 = Conv(c_in, hidden, 1)
+        self.cv2 = Conv(hidden * 4, c_out, 1)
+        self.pool = nn.MaxPool2d(k, 1, k // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.cv1(x)
+        p1 = self.pool(x)
+        p2 = self.pool(p1)
+        return self.cv2(torch.cat((x, p1, p2, self.pool(p2)), 1))
