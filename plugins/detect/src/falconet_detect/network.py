@@ -48,6 +48,12 @@ SCALES = {
 }
 
 
+def _branch(c_in: int, hidden: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        Conv(c_in, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, c_out, 1)
+    )
+
+
 class DetectHead(nn.Module):
     """Decoupled head: a box branch (DFL logits) and a class branch per level."""
 
