@@ -1,0 +1,1 @@
+"""Label assigners: standalone no-grad functions of (predictions, padded targets)."""

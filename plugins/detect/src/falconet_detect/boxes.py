@@ -1,0 +1,63 @@
+"""Box geometry for the loss and the assigners: pairwise IoU, CIoU, DFL distances.
+
+Boxes are ``xyxy`` in pixels. Every division carries an epsilon, so padded (all-zero) target
+boxes give finite numbers that the foreground mask then multiplies away: no NaN ever needs a
+data-dependent branch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+EPS = 1e-7
+
+
+def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of every box in ``a [B, M, 4]`` with every box in ``b [B, A, 4]``: ``[B, M, A]``."""
+    lt = torch.maximum(a[:, :, None, :2], b[:, None, :, :2])
+    rb = torch.minimum(a[:, :, None, 2:], b[:, None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area_a = (a[..., 2:] - a[..., :2]).clamp(min=0).prod(-1)
+    area_b = (b[..., 2:] - b[..., :2]).clamp(min=0).prod(-1)
+    return inter / (area_a[:, :, None] + area_b[:, None, :] - inter + EPS)
+
+
+def ciou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Complete IoU of matching boxes ``a [..., 4]`` and ``b [..., 4]``: ``[...]``.
+
+    IoU minus the normalised centre distance minus the aspect-ratio consistency term.
+    """
+    wa, ha = (a[..., 2] - a[..., 0]).clamp(min=0), (a[..., 3] - a[..., 1]).clamp(min=0)
+    wb, hb = (b[..., 2] - b[..., 0]).clamp(min=0), (b[..., 3] - b[..., 1]).clamp(min=0)
+    iw = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp(min=0)
+    ih = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp(min=0)
+    inter = iw * ih
+    iou = inter / (wa * ha + wb * hb - inter + EPS)
+    cw = torch.maximum(a[..., 2], b[..., 2]) - torch.minimum(a[..., 0], b[..., 0])
+    ch = torch.maximum(a[..., 3], b[..., 3]) - torch.minimum(a[..., 1], b[..., 1])
+    diagonal = cw**2 + ch**2 + EPS
+    centre = (
+        (a[..., 0] + a[..., 2] - b[..., 0] - b[..., 2]) ** 2
+        + (a[..., 1] + a[..., 3] - b[..., 1] - b[..., 3]) ** 2
+    ) / 4
+    v = (4 / math.pi**2) * (torch.atan(wb / (hb + EPS)) - torch.atan(wa / (ha + EPS))) ** 2
+    with torch.no_grad():
+        alpha = v / (v - iou + (1 + EPS))
+    return iou - (centre / diagonal + v * alpha)
+
+
+def decode(distances: torch.Tensor, anchors: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
+    """``[B, A, 4]`` left/top/right/bottom distances (stride units) to xyxy pixels."""
+    lt, rb = distances[..., :2] * strides, distances[..., 2:] * strides
+    return torch.cat((anchors - lt, anchors + rb), -1)
+
+
+def encode(
+    boxes: torch.Tensor, anchors: torch.Tensor, strides: torch.Tensor, reg_max: int
+) -> torch.Tensor:
+    """xyxy pixels to left/top/right/bottom distances in stride units, within the DFL range."""
+    lt = (anchors - boxes[..., :2]) / strides
+    rb = (boxes[..., 2:] - anchors) / strides
+    return torch.cat((lt, rb), -1).clamp(0, reg_max - 1 - 0.01)

@@ -1,0 +1,83 @@
+"""The YOLO loss: BCE classification against soft targets, CIoU box loss, DFL.
+
+Static-shaped and free of host synchronisation: the assigner's foreground mask multiplies the
+per-anchor losses (no boolean indexing), the normaliser (the sum of soft targets, at least 1)
+stays on the device, and no Python branch looks at the data. Each part is a mean per unit of
+target score on this process's batch, so the loss does not depend on the world size:
+averaging gradients across processes is DDP's job, not the loss's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from falconet.interfaces import Assigner
+from falconet_detect.boxes import ciou, decode, encode
+from falconet_detect.network import REG_MAX
+
+GAINS = {"box": 7.5, "cls": 0.5, "dfl": 1.5}
+
+
+class YoloLoss:
+    """``loss(outputs, batch) -> (total, {"box", "cls", "dfl"})``.
+
+    :param assigner: any registered assigner.
+    :param outputs: the network's ``(box [B, A, 4 * reg_max], cls [B, A, C], anchors [A, 2],
+        strides [A, 1])``.
+    :param batch: ``boxes [B, M, 4]`` xyxy pixels of the network input, ``labels [B, M]`` and
+        ``counts [B]`` (the padded targets of ``falconet.data.loader.collate``).
+    """
+
+    def __init__(self, assigner: Assigner, gains: Mapping[str, float] | None = None) -> None:
+        self.assigner = assigner
+        self.gains = dict(GAINS, **(gains or {}))
+        self._bins: dict[torch.device, torch.Tensor] = {}
+
+    def __call__(
+        self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        box_logits, cls_logits, anchors, strides = outputs
+        box_logits, cls_logits = box_logits.float(), cls_logits.float()
+        b, a, _ = box_logits.shape
+        bins = self._bins.setdefault(
+            box_logits.device, torch.arange(REG_MAX, device=box_logits.device, dtype=torch.float32)
+        )
+        distances = box_logits.view(b, a, 4, REG_MAX).softmax(-1) @ bins
+        pred_boxes = decode(distances, anchors, strides)
+        target = self.assigner(
+            cls_logits.detach().sigmoid(),
+            pred_boxes.detach(),
+            anchors,
+            batch["boxes"].float(),
+            batch["labels"],
+            batch["counts"],
+        )
+        norm = target.scores.sum().clamp(min=1.0)
+        cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm
+        weight = target.scores.sum(-1) * target.foreground  # [B, A]
+        box = ((1.0 - ciou(pred_boxes, target.boxes)) * weight).sum() / norm
+        dfl = (
+            self._dfl(
+                box_logits.view(b, a, 4, REG_MAX), encode(target.boxes, anchors, strides, REG_MAX)
+            )
+            * weight
+        ).sum() / norm
+        parts = {"box": box, "cls": cls, "dfl": dfl}
+        total = sum(self.gains[k] * v for k, v in parts.items())
+        return total, {k: v.detach() for k, v in parts.items()}
+
+    @staticmethod
+    def _dfl(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Distribution focal loss: cross-entropy to the two bins around each target distance,
+        weighted by closeness; mean over the four sides. ``[B, A]``."""
+        left = target.long()
+        right_weight = target - left
+        log_probs = logits.log_softmax(-1)
+        loss = -(
+            log_probs.gather(-1, left[..., None]).squeeze(-1) * (1 - right_weight)
+            + log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1) * right_weight
+        )
+        return loss.mean(-1)
