@@ -34,24 +34,27 @@ class YoloLoss:
     def __init__(self, assigner: Assigner, gains: Mapping[str, float] | None = None) -> None:
         self.assigner = assigner
         self.gains = dict(GAINS, **(gains or {}))
-        self._bins: dict[torch.device, torch.Tensor] = {}
+        self._bins: dict[tuple, torch.Tensor] = {}
 
     def __call__(
         self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         box_logits, cls_logits, anchors, strides = outputs
-        box_logits, cls_logits = box_logits.float(), cls_logits.float()
+        # computed in at least fp32, whatever the autocast dtype of the network
+        dtype = torch.promote_types(box_logits.dtype, torch.float32)
+        box_logits, cls_logits = box_logits.to(dtype), cls_logits.to(dtype)
         b, a, _ = box_logits.shape
-        bins = self._bins.setdefault(
-            box_logits.device, torch.arange(REG_MAX, device=box_logits.device, dtype=torch.float32)
-        )
+        key = (box_logits.device, dtype)
+        if key not in self._bins:
+            self._bins[key] = torch.arange(REG_MAX, device=box_logits.device, dtype=dtype)
+        bins = self._bins[key]
         distances = box_logits.view(b, a, 4, REG_MAX).softmax(-1) @ bins
         pred_boxes = decode(distances, anchors, strides)
         target = self.assigner(
             cls_logits.detach().sigmoid(),
             pred_boxes.detach(),
             anchors,
-            batch["boxes"].float(),
+            batch["boxes"].to(dtype),
             batch["labels"],
             batch["counts"],
         )

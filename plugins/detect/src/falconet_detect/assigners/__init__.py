@@ -1,1 +1,31 @@
-"""Label assigners: standalone no-grad functions of (predictions, padded targets)."""
+"""Label assigners: standalone no-grad functions of (predictions, padded targets).
+
+What the plugin registers is a :class:`LazyAssigner`: its name and summary cost nothing, and
+the implementation (which imports torch) loads on the first call.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+
+class LazyAssigner:
+    """A registered assigner whose implementation ``module:Class`` is imported when called."""
+
+    def __init__(self, name: str, summary: str, target: str, **options: Any) -> None:
+        self.name, self.summary, self._target, self._options = name, summary, target, options
+        self._impl: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._impl is None:
+            module, cls = self._target.split(":")
+            self._impl = getattr(import_module(module), cls)(**self._options)
+        return self._impl(*args, **kwargs)
+
+
+TAL = LazyAssigner(
+    "tal",
+    "task-aligned top-k (cls^alpha * IoU^beta); static-shaped, no host sync",
+    "falconet_detect.assigners.tal:TaskAlignedAssigner",
+)

@@ -1,0 +1,60 @@
+"""The ``yolo`` family: what falconet needs to train, evaluate and save a YOLO model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from falconet.interfaces import Assigner
+
+
+class YoloFamily:
+    """Anchor-free YOLO (YOLOv8/YOLO11 design): ``yolo-n``, ``yolo-s``, ``yolo-m``."""
+
+    name = "yolo"
+    summary = "anchor-free YOLO, C2f backbone, PAN neck, DFL head (n 3.2M / s 11.2M / m 25.9M)"
+    models = ("yolo-n", "yolo-s", "yolo-m")
+
+    def build_model(self, model: str, num_classes: int):  # -> YoloNet
+        from falconet_detect.network import SCALES, YoloNet
+
+        if model not in SCALES:
+            raise ValueError(f"model={model}: the yolo family has {', '.join(SCALES)}")
+        return YoloNet(SCALES[model], num_classes)
+
+    def build_loss(self, model: Any, assigner: Assigner):  # -> YoloLoss
+        from falconet_detect.loss import YoloLoss
+
+        return YoloLoss(assigner)
+
+    def default_recipe(self, model: str) -> Mapping[str, Any]:
+        """The YOLO family's recipe (docs/models.md explains each key)."""
+        return {
+            "optimizer": "sgd",
+            "momentum": 0.937,
+            "nesterov": True,
+            "lr0": 0.01,
+            "lrf": 0.01,
+            "schedule": "linear",
+            "warmup_epochs": 3.0,
+            "warmup_bias_lr": 0.1,
+            "weight_decay": 5e-4,
+            "decay_norm_and_bias": False,
+            "ema": True,
+            "ema_decay": 0.9999,
+            "close_mosaic": 10,
+            "imgsz": 640,
+            "nbs": 64,
+            "amp_dtype": "auto",
+            "assigner": "tal",
+        }
+
+    def capture_region(self, model: Any):
+        """The whole network: static shapes for a fixed input size, no data-dependent
+        Python control flow (anchors are cached per input size)."""
+        return model
+
+    def postprocess(self, outputs: Any, image_sizes: Sequence[tuple[int, int]]) -> list[dict]:
+        from falconet_detect.postprocess import postprocess
+
+        return postprocess(outputs)

@@ -1,0 +1,66 @@
+"""The YOLO network: output shapes per size, parameters and GFLOPs, the family's contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from falconet_detect.family import YoloFamily
+from falconet_detect.network import SCALES
+from falconet_testing.contracts import PluginContract
+
+
+class TestDetectPlugin(PluginContract):
+    plugin = "falconet_detect"
+    distribution = "falconet-detect"
+
+
+@pytest.mark.parametrize("model", list(SCALES))
+def test_forward_shapes(model):
+    net = YoloFamily().build_model(model, num_classes=7).eval()
+    with torch.no_grad():
+        box, cls, anchors, strides = net(torch.rand(2, 3, 256, 192))
+    cells = sum((256 // s) * (192 // s) for s in (8, 16, 32))
+    assert box.shape == (2, cells, 64) and cls.shape == (2, cells, 7)
+    assert anchors.shape == (cells, 2) and strides.shape == (cells, 1)
+    assert anchors[0].tolist() == [4.0, 4.0] and strides[-1].item() == 32
+
+
+@pytest.mark.parametrize(
+    ("model", "params", "gflops"),
+    [
+        ("yolo-n", (2.5e6, 3.5e6), (7.0, 9.0)),
+        ("yolo-s", (10e6, 12.5e6), (26.0, 31.0)),
+        ("yolo-m", (24e6, 28e6), (75.0, 83.0)),
+    ],
+)
+def test_parameters_and_gflops_at_640(model, params, gflops):
+    net = YoloFamily().build_model(model, num_classes=80).eval()
+    count = sum(p.numel() for p in net.parameters())
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(torch.zeros(1, 3, 640, 640))
+    assert params[0] < count < params[1]
+    assert gflops[0] < counter.get_total_flops() / 1e9 < gflops[1]
+
+
+def test_batchnorm_and_priors_follow_the_family():
+    net = YoloFamily().build_model("yolo-n", num_classes=80)
+    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and all((m.eps, m.momentum) == (1e-3, 0.03) for m in bns)
+    cls_bias = net.head.cls[0][-1].bias
+    prior = torch.sigmoid(cls_bias[0]).item()
+    assert prior == pytest.approx(5 / 80 / (640 / 8) ** 2, rel=1e-3)
+
+
+def test_recipe_and_capture_region():
+    family = YoloFamily()
+    recipe = family.default_recipe("yolo-n")
+    assert (recipe["optimizer"], recipe["momentum"], recipe["lr0"], recipe["imgsz"]) == (
+        "sgd",
+        0.937,
+        0.01,
+        640,
+    )
+    net = family.build_model("yolo-n", 3)
+    assert family.capture_region(net) is net
