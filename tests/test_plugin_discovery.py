@@ -144,13 +144,10 @@ def test_disable_list_skips_plugins_by_entry_point_or_distribution(
     )
     assert result.returncode == 0, result.stdout
     statuses = {p["name"]: p["status"] for p in json.loads(result.stdout)["plugins"]}
-    assert statuses == {
-        "falconet.builtin": "ok",
-        "eval-hotcoco": "ok",
-        "eval-vernier": "ok",
-        "example": "disabled",
-        **{name: "disabled" for name in BROKEN},
-    }
+    disabled = {"example", *BROKEN}
+    assert {name for name, status in statuses.items() if status == "disabled"} == disabled
+    assert all(status == "ok" for name, status in statuses.items() if name not in disabled)
+    assert "falconet.builtin" in statuses
     assert falconet_cli("example-hello", env=disable).returncode == 2  # no such command now
 
 
