@@ -12,6 +12,7 @@ import pytest
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from falconet.evaluation.coco_json import save_results
 from falconet.evaluation.contract import STAT_KEYS
 from falconet_testing.eval_cases import coco128_ground_truth, generated_detections
 
@@ -26,18 +27,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def results_file(tmp_path_factory) -> Path:
     dets = generated_detections(coco128_ground_truth(), seed=21)
-    path = tmp_path_factory.mktemp("eval") / "results.json"
-    path.write_text(
-        json.dumps(
-            [
-                {"image_id": int(i), "category_id": int(c), "bbox": b.tolist(), "score": float(s)}
-                for i, c, b, s in zip(
-                    dets.image_ids, dets.category_ids, dets.boxes, dets.scores, strict=True
-                )
-            ]
-        )
-    )
-    return path
+    return save_results(dets, tmp_path_factory.mktemp("eval") / "results.json")
 
 
 @pytest.fixture(scope="module")

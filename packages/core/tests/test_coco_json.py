@@ -9,26 +9,12 @@ from click.testing import CliRunner
 
 from falconet.cli import build_cli
 from falconet.evaluation import EvalInputError
-from falconet.evaluation.coco_json import load_ground_truth, load_results
+from falconet.evaluation.coco_json import load_ground_truth, load_results, save_results
 from falconet_testing.eval_cases import (
     COCO128_BBOX_JSON,
     coco128_ground_truth,
     generated_detections,
 )
-
-
-def write_results(path, dets):
-    path.write_text(
-        json.dumps(
-            [
-                {"image_id": int(i), "category_id": int(c), "bbox": b.tolist(), "score": float(s)}
-                for i, c, b, s in zip(
-                    dets.image_ids, dets.category_ids, dets.boxes, dets.scores, strict=True
-                )
-            ]
-        )
-    )
-    return path
 
 
 def test_ground_truth_keeps_ids_crowd_and_areas():
@@ -94,7 +80,7 @@ def run_eval(plugins, *args):
 
 def test_eval_command_prints_the_stats_and_json(tmp_path, falconet_plugins):
     gt = coco128_ground_truth()
-    results = write_results(tmp_path / "results.json", generated_detections(gt, 0))
+    results = save_results(generated_detections(gt, 0), tmp_path / "results.json")
     table = run_eval(falconet_plugins, COCO128_BBOX_JSON, results, "--per-class")
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
@@ -130,7 +116,14 @@ def test_eval_command_exits_2_on_bad_files(tmp_path, falconet_plugins, results, 
 
 
 def test_eval_command_unknown_backend_names_the_install(tmp_path, falconet_plugins):
-    path = write_results(tmp_path / "r.json", generated_detections(coco128_ground_truth(), 1))
+    path = save_results(generated_detections(coco128_ground_truth(), 1), tmp_path / "r.json")
     result = run_eval(falconet_plugins, COCO128_BBOX_JSON, path, "--backend", "hotcoco")
     assert result.exit_code == 2
     assert "eval_backend=hotcoco needs: pip install falconet-eval-hotcoco" in result.output
+
+
+def test_results_round_trip(tmp_path):
+    dets = generated_detections(coco128_ground_truth(), 2)
+    again = load_results(save_results(dets, tmp_path / "r.json"))
+    for field in ("image_ids", "category_ids", "boxes", "scores"):
+        assert (getattr(again, field) == getattr(dets, field)).all()

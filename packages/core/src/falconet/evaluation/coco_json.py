@@ -90,3 +90,21 @@ def load_results(path: str | Path) -> Detections:
         )
     except (TypeError, ValueError) as exc:
         raise EvalInputError(f"{where}: {exc}") from exc
+
+
+def save_results(detections: Detections, path: str | Path) -> Path:
+    """Write ``detections`` as a standard COCO results file (the inverse of
+    :func:`load_results`)."""
+    rows = [
+        {"image_id": i, "category_id": c, "bbox": box, "score": score}
+        for i, c, box, score in zip(
+            detections.image_ids.tolist(),
+            detections.category_ids.tolist(),
+            detections.boxes.tolist(),
+            detections.scores.tolist(),
+            strict=True,
+        )
+    ]
+    path = Path(path)
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    return path
