@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from falconet_detect.assigners import HUNGARIAN, SIMOTA, TAL
 from falconet_detect.assigners.tal import TaskAlignedAssigner
 from falconet_detect.family import YoloFamily
 from falconet_detect.loss import YoloLoss
@@ -52,13 +53,13 @@ def test_gradients_match_finite_differences(gains, wrt):
     assigner = TaskAlignedAssigner(topk=3)
     recorded = []
 
-    def record(*args):
-        recorded.append(assigner(*args))
+    def record(*args, **kwargs):
+        recorded.append(assigner(*args, **kwargs))
         return recorded[0]
 
     YoloLoss(record)((box, cls, anchors, strides), batch)
     assert recorded[0].foreground.sum() > 0  # some anchors are positive: every term acts
-    loss = YoloLoss(lambda *args: recorded[0], gains)
+    loss = YoloLoss(lambda *args, **kwargs: recorded[0], gains)
 
     def total(logits):
         outputs = (
@@ -69,10 +70,11 @@ def test_gradients_match_finite_differences(gains, wrt):
     assert torch.autograd.gradcheck(total, (box if wrt == "box" else cls,), eps=1e-6, atol=1e-5)
 
 
-def test_loss_is_finite_positive_with_padding_and_empty_images():
+@pytest.mark.parametrize("assigner", [TAL, SIMOTA, HUNGARIAN], ids=lambda a: a.name)
+def test_loss_is_finite_positive_with_padding_and_empty_images(assigner):
     box, cls, anchors, strides, batch = tiny_outputs(torch.float32)
     batch["counts"] = torch.tensor([0, 1])
-    value, parts = YoloLoss(TaskAlignedAssigner())((box, cls, anchors, strides), batch)
+    value, parts = YoloLoss(assigner)((box, cls, anchors, strides), batch)
     assert torch.isfinite(value) and value > 0
     assert set(parts) == {"box", "cls", "dfl"}
     value.backward()

@@ -109,6 +109,7 @@ class Assigner(Protocol):
         gt_boxes: torch.Tensor,
         gt_labels: torch.Tensor,
         gt_counts: torch.Tensor,
+        anchor_strides: torch.Tensor | None = None,
     ) -> Assignment:
         """Assign ground truth to anchors.
 
@@ -118,6 +119,8 @@ class Assigner(Protocol):
         :param gt_boxes: ``[B, M, 4]`` padded ground-truth boxes, xyxy pixels.
         :param gt_labels: ``[B, M]`` padded labels, ``int64``.
         :param gt_counts: ``[B]`` number of real boxes per image, ``int64``.
+        :param anchor_strides: ``[A, 1]`` the stride of each anchor's level, in pixels (for
+            assigners whose rules are in strides, such as SimOTA's centre radius).
 
         Each anchor is assigned at most one ground-truth box.
         """

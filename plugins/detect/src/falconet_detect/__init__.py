@@ -13,6 +13,7 @@ def register_families(register: Register) -> None:
 
 
 def register_assigners(register: Register) -> None:
-    from falconet_detect.assigners import TAL
+    from falconet_detect.assigners import HUNGARIAN, SIMOTA, TAL
 
-    register(TAL)
+    for assigner in (TAL, SIMOTA, HUNGARIAN):
+        register(assigner)

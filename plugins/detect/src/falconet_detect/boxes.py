@@ -61,3 +61,16 @@ def encode(
     lt = (anchors - boxes[..., :2]) / strides
     rb = (boxes[..., 2:] - anchors) / strides
     return torch.cat((lt, rb), -1).clamp(0, reg_max - 1 - 0.01)
+
+
+def pairwise_giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Generalised IoU of every box in ``a [B, M, 4]`` with every box in ``b [B, A, 4]``."""
+    iou = pairwise_iou(a, b)
+    lt = torch.minimum(a[:, :, None, :2], b[:, None, :, :2])
+    rb = torch.maximum(a[:, :, None, 2:], b[:, None, :, 2:])
+    hull = (rb - lt).clamp(min=0).prod(-1)
+    area_a = (a[..., 2:] - a[..., :2]).clamp(min=0).prod(-1)
+    area_b = (b[..., 2:] - b[..., :2]).clamp(min=0).prod(-1)
+    inter_union = area_a[:, :, None] + area_b[:, None, :]
+    union = inter_union / (1 + iou)  # area_a + area_b - inter, recovered from the IoU
+    return iou - (hull - union) / (hull + EPS)

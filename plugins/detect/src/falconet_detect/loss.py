@@ -57,6 +57,7 @@ class YoloLoss:
             batch["boxes"].to(dtype),
             batch["labels"],
             batch["counts"],
+            anchor_strides=strides,
         )
         norm = target.scores.sum().clamp(min=1.0)
         cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm

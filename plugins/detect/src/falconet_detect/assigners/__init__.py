@@ -29,3 +29,13 @@ TAL = LazyAssigner(
     "task-aligned top-k (cls^alpha * IoU^beta); static-shaped, no host sync",
     "falconet_detect.assigners.tal:TaskAlignedAssigner",
 )
+SIMOTA = LazyAssigner(
+    "simota",
+    "YOLOX dynamic-k by cls + IoU cost; static-shaped, no host sync",
+    "falconet_detect.assigners.simota:SimOTAAssigner",
+)
+HUNGARIAN = LazyAssigner(
+    "hungarian",
+    "one anchor per box by linear_sum_assignment on the CPU (one sync per step)",
+    "falconet_detect.assigners.hungarian:HungarianAssigner",
+)

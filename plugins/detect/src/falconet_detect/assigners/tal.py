@@ -39,6 +39,7 @@ class TaskAlignedAssigner:
         gt_boxes: torch.Tensor,
         gt_labels: torch.Tensor,
         gt_counts: torch.Tensor,
+        anchor_strides: torch.Tensor | None = None,
     ) -> Assignment:
         batch, anchors, classes = pred_scores.shape
         slots = gt_boxes.shape[1]

@@ -1,0 +1,71 @@
+"""Hungarian (set-prediction) assignment: each box gets exactly one anchor, at minimum cost.
+
+The cost of an anchor for a box is ``-cls_weight * p(class) + l1_weight * L1 / image_extent -
+giou_weight * GIoU``, computed on the device for the whole batch, padded to the largest box
+count (not concatenated), and copied to the host once per step together with the counts:
+``scipy.optimize.linear_sum_assignment`` runs on the CPU, so this assigner synchronises once
+per step by design (use ``tal`` or ``simota`` for a capturable, sync-free step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from falconet.interfaces import Assignment
+from falconet_detect.boxes import pairwise_giou, pairwise_iou
+
+
+class HungarianAssigner:
+    """``hungarian``: one-to-one matching (DETR-style costs) by the Hungarian algorithm."""
+
+    name = "hungarian"
+    summary = "one anchor per box by linear_sum_assignment on the CPU (one sync per step)"
+
+    def __init__(
+        self, cls_weight: float = 2.0, l1_weight: float = 5.0, giou_weight: float = 2.0
+    ) -> None:
+        self.cls_weight, self.l1_weight, self.giou_weight = cls_weight, l1_weight, giou_weight
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        pred_scores: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        anchor_points: torch.Tensor,
+        gt_boxes: torch.Tensor,
+        gt_labels: torch.Tensor,
+        gt_counts: torch.Tensor,
+        anchor_strides: torch.Tensor | None = None,
+    ) -> Assignment:
+        from scipy.optimize import linear_sum_assignment
+
+        batch, anchors, classes = pred_scores.shape
+        slots = gt_boxes.shape[1]
+        extent = anchor_points.max().clamp(min=1.0) * 2  # about the image size, pixels
+        probs = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
+        l1 = (gt_boxes[:, :, None] - pred_boxes[:, None]).abs().sum(-1) / extent
+        cost = (
+            -self.cls_weight * probs.transpose(1, 2)
+            + self.l1_weight * l1
+            - self.giou_weight * pairwise_giou(gt_boxes, pred_boxes)
+        )  # [B, M, A]
+        host = torch.cat((cost.flatten().float(), gt_counts.float())).cpu()  # the one sync
+        costs = host[:-batch].view(batch, slots, anchors).numpy()
+        counts = host[-batch:].long().tolist()
+        owner = torch.zeros(batch, anchors, dtype=torch.int64)
+        foreground = torch.zeros(batch, anchors)
+        for b, count in enumerate(counts):
+            rows, cols = linear_sum_assignment(costs[b, :count])
+            owner[b, torch.as_tensor(cols)] = torch.as_tensor(rows, dtype=torch.int64)
+            foreground[b, torch.as_tensor(cols)] = 1.0
+        device = pred_scores.device
+        owner = owner.to(device, non_blocking=True)
+        foreground = foreground.to(device, non_blocking=True)
+        labels = gt_labels.gather(1, owner)
+        boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
+        quality = pairwise_iou(gt_boxes, pred_boxes).gather(1, owner[:, None]).squeeze(1)
+        scores = (
+            F.one_hot(labels, classes).to(pred_scores.dtype) * (foreground * quality)[..., None]
+        )
+        return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

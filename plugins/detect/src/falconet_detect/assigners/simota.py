@@ -1,0 +1,80 @@
+"""SimOTA (YOLOX): dynamic-k assignment by a classification + IoU cost, static-shaped.
+
+Candidates of a box are anchors whose centres lie inside it or within ``radius`` strides of
+its centre. The cost of an anchor for a box is the BCE of its predicted class probability
+against that class plus ``iou_weight * -log(IoU)``, plus a large constant outside the
+candidates. Each box takes its ``k`` cheapest anchors, where ``k`` is the sum of its ten best
+IoUs (at least 1); an anchor taken twice goes to the cheaper box. Dynamic ``k`` is a mask over
+the ranks of a fixed-size ``topk``, so shapes never depend on the data and nothing syncs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from falconet.interfaces import Assignment
+from falconet_detect.boxes import pairwise_iou
+
+EPS = 1e-8
+OUTSIDE = 1e5
+
+
+class SimOTAAssigner:
+    """``simota``: YOLOX's dynamic-k assignment."""
+
+    name = "simota"
+    summary = "YOLOX dynamic-k by cls + IoU cost; static-shaped, no host sync"
+
+    def __init__(self, candidates: int = 10, radius: float = 2.5, iou_weight: float = 3.0) -> None:
+        self.candidates, self.radius, self.iou_weight = candidates, radius, iou_weight
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        pred_scores: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        anchor_points: torch.Tensor,
+        gt_boxes: torch.Tensor,
+        gt_labels: torch.Tensor,
+        gt_counts: torch.Tensor,
+        anchor_strides: torch.Tensor | None = None,
+    ) -> Assignment:
+        batch, anchors, classes = pred_scores.shape
+        slots = gt_boxes.shape[1]
+        real = (torch.arange(slots, device=gt_boxes.device)[None] < gt_counts[:, None]).float()
+        points = anchor_points[None, None]  # [1, 1, A, 2]
+        inside = (
+            torch.cat(
+                (points - gt_boxes[:, :, None, :2], gt_boxes[:, :, None, 2:] - points), -1
+            ).amin(-1)
+            > 0
+        )
+        if anchor_strides is None:
+            raise ValueError("simota needs anchor_strides: the centre radius is in strides")
+        centres = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
+        radius = self.radius * anchor_strides.reshape(1, 1, anchors, 1)
+        near = ((points - centres[:, :, None]).abs() < radius).all(-1)
+        candidate = (inside | near).float() * real[..., None]  # [B, M, A]
+        ious = pairwise_iou(gt_boxes, pred_boxes) * candidate
+        probs = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
+        cls_cost = F.binary_cross_entropy(
+            probs.transpose(1, 2).clamp(EPS, 1 - EPS), torch.ones_like(ious), reduction="none"
+        )
+        cost = cls_cost + self.iou_weight * -torch.log(ious + EPS) + OUTSIDE * (1 - candidate)
+        k = min(self.candidates, anchors)
+        dynamic_k = ious.topk(k, dim=-1).values.sum(-1).int().clamp(min=1)  # [B, M]
+        order = cost.topk(k, dim=-1, largest=False).indices  # [B, M, k], cheapest first
+        take = (torch.arange(k, device=cost.device) < dynamic_k[..., None]).float()
+        chosen = torch.zeros_like(cost).scatter_(-1, order, take) * candidate
+        cheapest = F.one_hot(cost.argmin(1), slots).transpose(1, 2).to(chosen.dtype)
+        chosen = torch.where(chosen.sum(1, keepdim=True) > 1, cheapest * chosen, chosen)
+        foreground = chosen.sum(1).clamp(max=1)
+        owner = chosen.argmax(1)
+        labels = gt_labels.gather(1, owner)
+        boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
+        quality = (ious * chosen).sum(1)  # IoU with the assigned box: the class target
+        scores = (
+            F.one_hot(labels, classes).to(pred_scores.dtype) * (foreground * quality)[..., None]
+        )
+        return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
