@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from falconet_detect.assigners import TAL
 from falconet_detect.family import YoloFamily
 from falconet_detect.network import SCALES
-from falconet_testing.contracts import PluginContract
+from falconet_testing.contracts import FamilyContract, PluginContract
 
 
 class TestDetectPlugin(PluginContract):
@@ -64,3 +65,9 @@ def test_recipe_and_capture_region():
     )
     net = family.build_model("yolo-n", 3)
     assert family.capture_region(net) is net
+
+
+class TestYoloFamilyContract(FamilyContract):
+    family = YoloFamily()
+    model = "yolo-n"
+    assigner = TAL

@@ -6,17 +6,19 @@
         plugin = "my_package.falconet_plugin"   # the entry point's value
         distribution = "my-package"
 
-Each later kind (families, graph backends) adds its suite here.
+Each later kind (graph backends, ...) adds its suite here.
 """
 
 from falconet_testing.contracts.assigner import AssignerContract
 from falconet_testing.contracts.eval_backend import EvalBackendContract
+from falconet_testing.contracts.family import FamilyContract
 from falconet_testing.contracts.plugin import PluginContract
 from falconet_testing.contracts.precision import PrecisionBackendContract
 
 __all__ = [
     "AssignerContract",
     "EvalBackendContract",
+    "FamilyContract",
     "PluginContract",
     "PrecisionBackendContract",
 ]
