@@ -10,9 +10,9 @@ per step by design (use ``tal`` or ``simota`` for a capturable, sync-free step).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from falconet.interfaces import Assignment
+from falconet_detect.assigners.common import one_hot
 from falconet_detect.boxes import pairwise_giou, pairwise_iou
 
 
@@ -65,7 +65,5 @@ class HungarianAssigner:
         labels = gt_labels.gather(1, owner)
         boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
         quality = pairwise_iou(gt_boxes, pred_boxes).gather(1, owner[:, None]).squeeze(1)
-        scores = (
-            F.one_hot(labels, classes).to(pred_scores.dtype) * (foreground * quality)[..., None]
-        )
+        scores = one_hot(labels, classes, pred_scores.dtype) * (foreground * quality)[..., None]
         return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from falconet.interfaces import Assignment
+from falconet_detect.assigners.common import one_hot
 from falconet_detect.boxes import pairwise_iou
 
 EPS = 1e-8
@@ -67,14 +68,12 @@ class SimOTAAssigner:
         order = cost.topk(k, dim=-1, largest=False).indices  # [B, M, k], cheapest first
         take = (torch.arange(k, device=cost.device) < dynamic_k[..., None]).float()
         chosen = torch.zeros_like(cost).scatter_(-1, order, take) * candidate
-        cheapest = F.one_hot(cost.argmin(1), slots).transpose(1, 2).to(chosen.dtype)
+        cheapest = one_hot(cost.argmin(1), slots, chosen.dtype).transpose(1, 2)
         chosen = torch.where(chosen.sum(1, keepdim=True) > 1, cheapest * chosen, chosen)
         foreground = chosen.sum(1).clamp(max=1)
         owner = chosen.argmax(1)
         labels = gt_labels.gather(1, owner)
         boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
         quality = (ious * chosen).sum(1)  # IoU with the assigned box: the class target
-        scores = (
-            F.one_hot(labels, classes).to(pred_scores.dtype) * (foreground * quality)[..., None]
-        )
+        scores = one_hot(labels, classes, pred_scores.dtype) * (foreground * quality)[..., None]
         return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

@@ -13,9 +13,9 @@ tensors whose shapes depend only on ``B``, ``A``, ``C`` and the padded box count
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from falconet.interfaces import Assignment
+from falconet_detect.assigners.common import one_hot
 from falconet_detect.boxes import pairwise_iou
 
 EPS = 1e-9
@@ -58,7 +58,7 @@ class TaskAlignedAssigner:
         top = align.topk(min(self.topk, anchors), dim=-1).indices
         chosen = torch.zeros_like(align).scatter_(-1, top, 1.0) * inside  # [B, M, A]
         claimed = chosen.sum(1, keepdim=True)  # [B, 1, A]
-        best = F.one_hot(ious.argmax(1), slots).transpose(1, 2).to(chosen.dtype)
+        best = one_hot(ious.argmax(1), slots, chosen.dtype).transpose(1, 2)
         chosen = torch.where(claimed > 1, best * inside, chosen)
         foreground = chosen.sum(1).clamp(max=1)  # [B, A]
         owner = chosen.argmax(1)  # [B, A]
@@ -67,6 +67,6 @@ class TaskAlignedAssigner:
         align = align * chosen
         scale = (ious * chosen).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + EPS)
         strength = (align * scale).amax(1)  # [B, A]
-        targets = F.one_hot(labels, classes).to(pred_scores.dtype)
+        targets = one_hot(labels, classes, pred_scores.dtype)
         targets = targets * (foreground * strength)[..., None]
         return Assignment(labels=labels, boxes=boxes, scores=targets, foreground=foreground)
