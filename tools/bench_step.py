@@ -61,48 +61,53 @@ def main() -> None:
     print("| batch | step ms (median) | img/s | host syncs per step |")
     print("| --- | --- | --- | --- |")
     for batch_size in (int(b) for b in args.batch.split(",")):
-        net = family.build_model(args.model, 80).to(device).to(memory_format=torch.channels_last)
-        loss_fn = family.build_loss(net, assigner)
-        opt = torch.optim.SGD(
-            net.parameters(), lr=0.01, momentum=0.937, nesterov=True, foreach=True
-        )
-        batch = make_batch(batch_size, args.imgsz, 80, device)
-        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-
-        def step() -> None:
-            with torch.autocast("cuda", dtype=dtype, enabled=args.dtype != "fp32"):
-                total, _ = loss_fn(net(batch["images"]), batch)
-            total.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for _ in range(args.warmup):
-            step()
-        torch.cuda.synchronize()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            step()
-            torch.cuda.set_sync_debug_mode(0)
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
-        if syncs:
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                step()
-            except RuntimeError as exc:
-                print(f"first sync: {exc}")
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-        times = []
-        for _ in range(args.steps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        ms = statistics.median(times)
+        ms, syncs = measure(family, assigner, batch_size, args, device)
         print(f"| {batch_size} | {ms:.1f} | {batch_size * 1000 / ms:.0f} | {syncs} |")
+
+
+def measure(
+    family, assigner, batch_size: int, args: argparse.Namespace, device: torch.device
+) -> tuple[float, int]:
+    """(median step ms, host synchronisations in one step) for one batch size."""
+    net = family.build_model(args.model, 80).to(device).to(memory_format=torch.channels_last)
+    loss_fn = family.build_loss(net, assigner)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.937, nesterov=True, foreach=True)
+    batch = make_batch(batch_size, args.imgsz, 80, device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=dtype, enabled=args.dtype != "fp32"):
+            total, _ = loss_fn(net(batch["images"]), batch)
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        step()
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    if syncs:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        except RuntimeError as exc:
+            print(f"first sync: {exc}")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    times = []
+    for _ in range(args.steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), syncs
 
 
 if __name__ == "__main__":
