@@ -105,3 +105,16 @@ def test_overfits_one_coco128_batch(tmp_path, monkeypatch):
         first = value.item() if first is None else first
         last = value.item()
     assert last < 0.2 * first, (first, last)
+
+
+@pytest.mark.parametrize("assigner", [TAL, SIMOTA, HUNGARIAN], ids=lambda a: a.name)
+def test_loss_under_bf16_autocast_is_computed_in_fp32(assigner):
+    """The network may run under autocast; the loss leaves it and computes in fp32 (the
+    same value as outside autocast, from the same bf16 outputs)."""
+    box, cls, anchors, strides, batch = tiny_outputs(torch.float32)
+    outputs = (box.bfloat16(), cls.bfloat16(), anchors, strides)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside, _ = YoloLoss(assigner)(outputs, batch)
+    outside, _ = YoloLoss(assigner)(outputs, batch)
+    assert inside.dtype == torch.float32
+    assert inside.item() == outside.item()

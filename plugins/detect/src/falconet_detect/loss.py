@@ -39,8 +39,15 @@ class YoloLoss:
     def __call__(
         self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # the loss and the assignment run outside autocast, in at least fp32: the network may
+        # run in bf16, its targets and distribution expectations may not
+        with torch.autocast(outputs[0].device.type, enabled=False):
+            return self._loss(outputs, batch)
+
+    def _loss(
+        self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         box_logits, cls_logits, anchors, strides = outputs
-        # computed in at least fp32, whatever the autocast dtype of the network
         dtype = torch.promote_types(box_logits.dtype, torch.float32)
         box_logits, cls_logits = box_logits.to(dtype), cls_logits.to(dtype)
         b, a, _ = box_logits.shape

@@ -11,7 +11,6 @@ the ranks of a fixed-size ``topk``, so shapes never depend on the data and nothi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from falconet.interfaces import Assignment
 from falconet_detect.assigners.common import one_hot
@@ -59,9 +58,7 @@ class SimOTAAssigner:
         candidate = (inside | near).float() * real[..., None]  # [B, M, A]
         ious = pairwise_iou(gt_boxes, pred_boxes) * candidate
         probs = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
-        cls_cost = F.binary_cross_entropy(
-            probs.transpose(1, 2).clamp(EPS, 1 - EPS), torch.ones_like(ious), reduction="none"
-        )
+        cls_cost = -torch.log(probs.transpose(1, 2).clamp(EPS, 1.0))  # BCE against 1
         cost = cls_cost + self.iou_weight * -torch.log(ious + EPS) + OUTSIDE * (1 - candidate)
         k = min(self.candidates, anchors)
         dynamic_k = ious.topk(k, dim=-1).values.sum(-1).int().clamp(min=1)  # [B, M]
