@@ -1,8 +1,10 @@
-"""Helpers shared by the assigners."""
+"""What the assigners share: a one-hot without checks and the final Assignment."""
 
 from __future__ import annotations
 
 import torch
+
+from falconet.interfaces import Assignment
 
 
 def one_hot(index: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -11,3 +13,21 @@ def one_hot(index: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tens
     here (labels and box slots)."""
     out = torch.zeros(*index.shape, classes, dtype=dtype, device=index.device)
     return out.scatter_(-1, index.unsqueeze(-1), 1)
+
+
+def assignment(
+    owner: torch.Tensor,
+    foreground: torch.Tensor,
+    strength: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    classes: int,
+    dtype: torch.dtype,
+) -> Assignment:
+    """The :class:`Assignment` of anchors to boxes ``owner [B, A]`` (slot indices), with
+    ``foreground [B, A]`` (1 or 0) and the class-target ``strength [B, A]``: every assigner
+    ends here, so all of them hand the loss the same layout."""
+    labels = gt_labels.gather(1, owner)
+    boxes = gt_boxes.gather(1, owner[..., None].expand(*owner.shape, 4))
+    scores = one_hot(labels, classes, dtype) * (foreground * strength)[..., None]
+    return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

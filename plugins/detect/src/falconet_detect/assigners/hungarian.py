@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from falconet.interfaces import Assignment
-from falconet_detect.assigners.common import one_hot
+from falconet_detect.assigners.common import assignment
 from falconet_detect.boxes import pairwise_giou, pairwise_iou
 
 
@@ -62,8 +62,7 @@ class HungarianAssigner:
         device = pred_scores.device
         owner = owner.to(device, non_blocking=True)
         foreground = foreground.to(device, non_blocking=True)
-        labels = gt_labels.gather(1, owner)
-        boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
         quality = pairwise_iou(gt_boxes, pred_boxes).gather(1, owner[:, None]).squeeze(1)
-        scores = one_hot(labels, classes, pred_scores.dtype) * (foreground * quality)[..., None]
-        return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
+        return assignment(
+            owner, foreground, quality, gt_boxes, gt_labels, classes, pred_scores.dtype
+        )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from falconet.interfaces import Assignment
-from falconet_detect.assigners.common import one_hot
+from falconet_detect.assigners.common import assignment, one_hot
 from falconet_detect.boxes import pairwise_iou
 
 EPS = 1e-8
@@ -68,9 +68,7 @@ class SimOTAAssigner:
         cheapest = one_hot(cost.argmin(1), slots, chosen.dtype).transpose(1, 2)
         chosen = torch.where(chosen.sum(1, keepdim=True) > 1, cheapest * chosen, chosen)
         foreground = chosen.sum(1).clamp(max=1)
-        owner = chosen.argmax(1)
-        labels = gt_labels.gather(1, owner)
-        boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
         quality = (ious * chosen).sum(1)  # IoU with the assigned box: the class target
-        scores = one_hot(labels, classes, pred_scores.dtype) * (foreground * quality)[..., None]
-        return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
+        return assignment(
+            chosen.argmax(1), foreground, quality, gt_boxes, gt_labels, classes, pred_scores.dtype
+        )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from falconet.interfaces import Assignment
-from falconet_detect.assigners.common import one_hot
+from falconet_detect.assigners.common import assignment, one_hot
 from falconet_detect.boxes import pairwise_iou
 
 EPS = 1e-9
@@ -61,12 +61,9 @@ class TaskAlignedAssigner:
         best = one_hot(ious.argmax(1), slots, chosen.dtype).transpose(1, 2)
         chosen = torch.where(claimed > 1, best * inside, chosen)
         foreground = chosen.sum(1).clamp(max=1)  # [B, A]
-        owner = chosen.argmax(1)  # [B, A]
-        labels = gt_labels.gather(1, owner)
-        boxes = gt_boxes.gather(1, owner[..., None].expand(batch, anchors, 4))
         align = align * chosen
         scale = (ious * chosen).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + EPS)
         strength = (align * scale).amax(1)  # [B, A]
-        targets = one_hot(labels, classes, pred_scores.dtype)
-        targets = targets * (foreground * strength)[..., None]
-        return Assignment(labels=labels, boxes=boxes, scores=targets, foreground=foreground)
+        return assignment(
+            chosen.argmax(1), foreground, strength, gt_boxes, gt_labels, classes, pred_scores.dtype
+        )
