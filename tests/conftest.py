@@ -44,7 +44,11 @@ def falconet_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """
 
     def run(
-        *args: str, site: Path | None = None, env: dict[str, str] | None = None
+        *args: str,
+        site: Path | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         full = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
         if site is not None:
@@ -57,7 +61,30 @@ def falconet_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
             capture_output=True,
             text=True,
             env=full,
-            timeout=120,
+            cwd=cwd,
+            timeout=timeout,
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 24 + 8 image, 64-pixel shapes set (the yaml's path): a training run over it takes
+    about a second per epoch on one CPU core."""
+    from falconet.data.shapes import write_shapes
+
+    return write_shapes(tmp_path_factory.mktemp("tiny-shapes"), {"train": 24, "val": 8}, size=64)
+
+
+@pytest.fixture
+def tiny_run(tiny_shapes: Path, tmp_path: Path) -> dict[str, str]:
+    """Keys of a fast training run on ``tiny_shapes``, writing under ``tmp_path/runs``."""
+    return {
+        "data": str(tiny_shapes),
+        "imgsz": "64",
+        "batch": "8",
+        "workers": "0",
+        "plots": "false",
+        "project": str(tmp_path / "runs"),
+    }

@@ -47,11 +47,11 @@ def test_data_shapes_is_built_once_in_the_cache(tmp_path, monkeypatch):
     assert dataset.names == list(CLASSES)
     assert [len(s.samples) for s in dataset.splits.values()] == [320, 80]
     assert not dataset.problems
-    built = tmp_path / "datasets" / "shapes-v1" / "shapes.yaml"
+    built = tmp_path / "datasets" / "shapes-v2" / "shapes.yaml"
     assert built.exists()
     mtime = built.stat().st_mtime_ns
     load_dataset("shapes")
     assert built.stat().st_mtime_ns == mtime  # not rebuilt
-    first = Image.open(tmp_path / "datasets/shapes-v1/images/train/train_000000.jpg")
+    first = Image.open(tmp_path / "datasets/shapes-v2/images/train/train_000000.jpg")
     assert first.size == (256, 256) and first.mode == "RGB"
     assert np.asarray(first).std() > 10  # textured, not flat

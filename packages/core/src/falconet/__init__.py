@@ -15,4 +15,12 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "hookimpl"]
+__all__ = ["Detector", "__version__", "hookimpl"]
+
+
+def __getattr__(name: str):  # Detector imports torch: only when asked for
+    if name == "Detector":
+        from falconet.detector import Detector
+
+        return Detector
+    raise AttributeError(f"module 'falconet' has no attribute {name!r}")

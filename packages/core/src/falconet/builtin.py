@@ -17,9 +17,11 @@ def register_precision_backends(register: Register) -> None:
 
 
 def register_graph_backends(register: Register) -> None:
+    from falconet.compile_dispatch import CompileDispatch
     from falconet.dispatch import EagerDispatch
 
     register(EagerDispatch())
+    register(CompileDispatch())
 
 
 def register_eval_backends(register: Register) -> None:
@@ -32,7 +34,11 @@ def register_commands(register: Register) -> None:
     from falconet.cli.data_command import data
     from falconet.cli.eval_command import eval_command
     from falconet.cli.plugins_command import plugins
+    from falconet.cli.train_command import predict, train, val
 
     register(plugins)
     register(eval_command)
     register(data)
+    register(train)
+    register(val)
+    register(predict)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -70,11 +70,22 @@ class ModelFamily(Protocol):
         """
         ...
 
-    def postprocess(self, outputs: Any, image_sizes: Sequence[tuple[int, int]]) -> list[dict]:
+    def postprocess(
+        self,
+        outputs: Any,
+        image_sizes: Sequence[tuple[int, int]],
+        *,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        multi_label: bool = False,
+    ) -> list[dict]:
         """Decode raw outputs into one ``{boxes [N, 4] xyxy, scores [N], labels [N]}`` per image.
 
         ``image_sizes`` holds each input's ``(height, width)`` in pixels; boxes are returned in
-        those pixels (the caller undoes its letterbox).
+        those pixels (the caller undoes its letterbox). ``conf`` is the score threshold, ``iou``
+        the NMS threshold, ``max_det`` the cap per image; ``multi_label`` keeps every class
+        above ``conf`` per location (validation asks for it: it raises recall).
         """
         ...
 
@@ -187,13 +198,15 @@ class DispatchContext:
     """What a graph backend may inspect before it agrees to dispatch the network.
 
     ``capture_region`` is the family's declared region (``None``: the family declares none);
-    ``world_size`` is 1 outside distributed runs.
+    ``world_size`` is 1 outside distributed runs; ``options`` holds the run's resolved training
+    keys, so a backend reads its own (``compile_mode`` for ``compile``).
     """
 
     device: torch.device
     precision: str
     world_size: int = 1
     capture_region: nn.Module | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -54,7 +54,16 @@ class YoloFamily:
         Python control flow (anchors are cached per input size)."""
         return model
 
-    def postprocess(self, outputs: Any, image_sizes: Sequence[tuple[int, int]]) -> list[dict]:
+    def postprocess(
+        self,
+        outputs: Any,
+        image_sizes: Sequence[tuple[int, int]],
+        *,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        multi_label: bool = False,
+    ) -> list[dict]:
         from falconet_detect.postprocess import postprocess
 
-        return postprocess(outputs)
+        return postprocess(outputs, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label)

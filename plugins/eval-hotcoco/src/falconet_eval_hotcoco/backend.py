@@ -23,6 +23,7 @@ from falconet.evaluation.contract import (
     EvalResult,
     GroundTruth,
     per_class_from_precision,
+    pr_curve_from_precision,
 )
 from falconet.evaluation.evaluate import require_library
 
@@ -89,15 +90,16 @@ class HotcocoBackend:
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summary_lines()  # fills .stats without printing
-        ap, ap50 = per_class_from_precision(
-            np.asarray(evaluator.eval["precision"]), ground_truth.names_by_sorted_id()
-        )
+        precision = np.asarray(evaluator.eval["precision"])
+        names = ground_truth.names_by_sorted_id()
+        ap, ap50 = per_class_from_precision(precision, names)
         return EvalResult(
             stats=dict(
                 zip(STAT_KEYS, np.asarray(evaluator.stats, dtype=float).tolist(), strict=True)
             ),
             per_class_ap=ap,
             per_class_ap50=ap50,
+            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
             backend=self.name,
             backend_version=str(hotcoco.__version__),
         )

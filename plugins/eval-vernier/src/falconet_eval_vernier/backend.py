@@ -22,6 +22,7 @@ from falconet.evaluation.contract import (
     EvalResult,
     GroundTruth,
     per_class_from_precision,
+    pr_curve_from_precision,
 )
 from falconet.evaluation.evaluate import require_library
 
@@ -90,13 +91,14 @@ class VernierBackend:
         )
         accumulated = grid.accumulate(MAX_DETS)
         stats = accumulated.summarize(MAX_DETS).stats
-        ap, ap50 = per_class_from_precision(
-            np.asarray(accumulated.precision), ground_truth.names_by_sorted_id()
-        )
+        precision = np.asarray(accumulated.precision)
+        names = ground_truth.names_by_sorted_id()
+        ap, ap50 = per_class_from_precision(precision, names)
         return EvalResult(
             stats=dict(zip(STAT_KEYS, (float(s) for s in stats), strict=True)),
             per_class_ap=ap,
             per_class_ap50=ap50,
+            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
             backend=self.name,
             backend_version=self.version(),
         )

@@ -162,7 +162,8 @@ class EvalResult:
     """The 12 COCO stats, per-class AP and AP50, and who computed them.
 
     A value of ``-1`` means "undefined", as in pycocotools: no ground truth in that area range
-    (a stat) or for that category (per class).
+    (a stat) or for that category (per class). ``extra["pr_curve50"]``, when a backend gives
+    it, is :func:`pr_curve_from_precision` (the trainer's PR-curve plot reads it).
     """
 
     stats: Mapping[str, float]
@@ -202,6 +203,14 @@ def per_class_from_precision(
         ap[name] = _mean_defined(precision[:, :, k, 0, -1])
         ap50[name] = _mean_defined(precision[0, :, k, 0, -1])
     return ap, ap50
+
+
+def pr_curve_from_precision(
+    precision: np.ndarray, names: tuple[str, ...]
+) -> dict[str, list[float]]:
+    """Per-class precision at IoU 0.50 over COCO's 101 recall points (``-1``: undefined),
+    area range all, 100 detections: what ``EvalResult.extra["pr_curve50"]`` holds."""
+    return {name: precision[0, :, k, 0, -1].astype(float).tolist() for k, name in enumerate(names)}
 
 
 def _mean_defined(values: np.ndarray) -> float:

@@ -18,6 +18,7 @@ from falconet.evaluation.contract import (
     EvalResult,
     GroundTruth,
     per_class_from_precision,
+    pr_curve_from_precision,
 )
 
 
@@ -42,13 +43,14 @@ class PycocotoolsBackend:
             evaluator.evaluate()
             evaluator.accumulate()
             evaluator.summarize()
-        ap, ap50 = per_class_from_precision(
-            evaluator.eval["precision"], ground_truth.names_by_sorted_id()
-        )
+        precision = evaluator.eval["precision"]
+        names = ground_truth.names_by_sorted_id()
+        ap, ap50 = per_class_from_precision(precision, names)
         return EvalResult(
             stats=dict(zip(STAT_KEYS, (float(s) for s in evaluator.stats), strict=True)),
             per_class_ap=ap,
             per_class_ap50=ap50,
+            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
             backend=self.name,
             backend_version=self.version(),
         )

@@ -1,0 +1,86 @@
+"""The built-in ``compile`` graph backend: ``torch.compile`` on the family's capture region.
+
+``compile_mode`` picks the mode: ``default`` (Inductor kernels), ``reduce-overhead`` (Inductor
+plus CUDA graph trees; the wrapper marks each call as a new step, as the trees require) or
+``max-autotune-no-cudagraphs`` (autotuned kernels, slow to start). Compilation happens at the
+first call; if it fails, the error is logged with what failed and the run continues eager
+(the failure surfaces before any weight changed, so falling back is safe). An error later, in
+the compiled backward, is not caught: it stops the run with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from falconet.interfaces import DispatchContext
+
+if TYPE_CHECKING:
+    from torch import nn
+
+log = logging.getLogger("falconet.train")
+
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+class CompileDispatch:
+    """``torch.compile`` the network (the whole capture region), forward and backward."""
+
+    name = "compile"
+    summary = "torch.compile the network; compile_mode: " + ", ".join(MODES)
+
+    def decline_reason(self, context: DispatchContext) -> str | None:
+        mode = context.options.get("compile_mode", "default")
+        if context.capture_region is None:
+            return "the model family declares no capture region to compile"
+        if mode not in MODES:
+            return f"compile_mode={mode} is not one of {', '.join(MODES)}"
+        if mode == "reduce-overhead" and context.device.type != "cuda":
+            return "compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device"
+        if context.device.type == "cpu" and not any(map(shutil.which, ("c++", "g++", "clang++"))):
+            return "Inductor needs a C++ compiler on the CPU and none is on PATH"
+        return None
+
+    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
+        return CompiledNetwork(network, context.options.get("compile_mode", "default"))
+
+
+class CompiledNetwork:
+    """Calls the compiled network; on a failure of the first (compiling) call, logs it and
+    calls the eager network from then on."""
+
+    def __init__(self, network: nn.Module, mode: str) -> None:
+        import torch
+
+        self.network = network
+        self.mode = mode
+        self.compiled = torch.compile(network, mode=mode)
+        self.mark_step = mode == "reduce-overhead"
+        self.failed: BaseException | None = None
+        self._first = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if self.failed is not None:
+            return self.network(*args, **kwargs)
+        if self.mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        if not self._first:
+            return self.compiled(*args, **kwargs)
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as exc:  # compile errors come in many types; each is logged
+            self.failed = exc
+            log.error(
+                "graph=compile (mode %s) failed to compile the network: %s: %s; the run "
+                "continues with graph=eager",
+                self.mode,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+            )
+            return self.network(*args, **kwargs)
+        self._first = False
+        return out

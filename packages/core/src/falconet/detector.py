@@ -1,0 +1,159 @@
+"""``Detector``: the Python API. ``train``, ``val`` and ``predict`` take the same keys as the CLI.
+
+from falconet import Detector
+result = Detector("yolo-n").train(data="shapes", epochs=30)
+Detector("runs/train/exp/weights/best.pt").predict("photo.jpg")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from falconet.evaluation.contract import EvalResult
+from falconet.plugins import Plugins, get_plugins
+from falconet.training.checkpoint import load_checkpoint
+from falconet.training.config import TrainConfig, build_config, check_keys
+
+
+class Detector:
+    """A model by name (``yolo-n``: random weights, trained with :meth:`train`) or a checkpoint
+    (``.../best.pt`` or ``last.pt``: weights, classes and the keys it was trained with)."""
+
+    def __init__(self, model: str | Path = "yolo-n", *, plugins: Plugins | None = None) -> None:
+        self.plugins = plugins or get_plugins()
+        self.source = str(model)
+        self.checkpoint: dict[str, Any] | None = None
+        if self.source.endswith(".pt"):
+            self.checkpoint = load_checkpoint(self.source)
+            name = self.checkpoint["spec"]["model"]
+        else:
+            name = self.source
+        self.family = self.plugins.families.get(name)
+        self.model_name = name
+        self._module: torch.nn.Module | None = None
+
+    # ------------------------------------------------------------------------------ train
+    def train(self, **keys: Any) -> dict[str, Any]:
+        """Train with the keys of ``falconet train --help``; returns the summary (run folder,
+        best metrics, per-class AP). Afterwards this detector holds the best weights."""
+        from falconet.training.callbacks import (
+            ConsoleProgress,
+            CSVLogger,
+            PlotWriter,
+            TensorBoardLogger,
+            tensorboard_available,
+        )
+        from falconet.training.setup import plan_run
+        from falconet.training.trainer import Trainer
+
+        base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
+        plan = plan_run(keys, self.plugins, base_model=self.model_name, base_weights=base_weights)
+        callbacks: list[Any] = [CSVLogger(), ConsoleProgress()]
+        if plan.config.plots:
+            callbacks.append(PlotWriter())
+        if tensorboard_available():
+            callbacks.append(TensorBoardLogger())
+        callbacks += [self.plugins.callbacks.get(name)() for name in plan.config.callbacks]
+        trainer = Trainer(plan, self.plugins, callbacks)
+        summary = trainer.fit()
+        best = Path(summary["run_dir"]) / "weights" / "best.pt"
+        if best.exists():
+            self.checkpoint = load_checkpoint(best)
+            self.family, self.model_name, self._module = trainer.family, plan.model_name, None
+        return summary
+
+    # ------------------------------------------------------------------- weights, devices
+    def _config(self, keys: dict[str, Any]) -> TrainConfig:
+        check_keys(keys)
+        saved = dict(self.checkpoint["config"]) if self.checkpoint else {}
+        saved.pop("resume", None)
+        return build_config(saved, keys)
+
+    def module(self, device: torch.device) -> torch.nn.Module:
+        """The network with this detector's weights, in eval mode, on ``device``."""
+        if self.checkpoint is None:
+            raise ValueError(
+                f"Detector({self.source!r}) has random weights: train it first, or load a "
+                "checkpoint with Detector('runs/train/<name>/weights/best.pt')"
+            )
+        if self._module is None:
+            spec = self.checkpoint["spec"]
+            module = self.family.build_model(spec["model"], len(spec["names"]))
+            module.load_state_dict(self.checkpoint["weights"])
+            self._module = module
+        return self._module.to(device, memory_format=torch.channels_last).eval()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.checkpoint["spec"]["names"]) if self.checkpoint else []
+
+    # -------------------------------------------------------------------------------- val
+    def val(self, **keys: Any) -> EvalResult:
+        """COCO evaluation on ``data``'s val split (default: the data it was trained on)."""
+        from falconet.data.resolve import load_dataset
+        from falconet.training import validation
+        from falconet.training.components import choose_precision, resolve_device
+        from falconet.training.setup import build_loaders
+
+        cfg = self._config({**keys, "val": True})
+        device = resolve_device(cfg.device)
+        dataset = load_dataset(cfg.data, splits=("val",))
+        dataset.require_usable()
+        if list(dataset.names) != self.names:
+            raise ValueError(
+                f"data={cfg.data} has classes {dataset.names}, this model was trained on "
+                f"{self.names}"
+            )
+        dataset.splits.setdefault("train", dataset.splits["val"])
+        _, loader = build_loaders(cfg.model_copy(update={"cache": "none"}), dataset, device)
+        precision = choose_precision(cfg.amp_dtype, device, self.plugins)
+        accumulator = validation.predict_split(
+            self.module(device),
+            self.family,
+            loader,
+            device,
+            validation.category_ids(dataset),
+            autocast=precision.autocast(device),
+            conf=cfg.conf,
+            iou=cfg.iou,
+            max_det=cfg.max_det,
+        )
+        truth = validation.ground_truth(dataset, dataset.splits["val"])
+        return validation.evaluate_split(
+            accumulator, truth, backend=cfg.eval_backend, plugins=self.plugins
+        )
+
+    # ---------------------------------------------------------------------------- predict
+    def predict(
+        self,
+        source: str | Path | list[str | Path],
+        *,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        imgsz: int | None = None,
+        device: str = "auto",
+        batch: int = 16,
+    ) -> list[dict[str, Any]]:
+        """Detections per image: ``{path, boxes [N, 4] xyxy original pixels, scores, labels,
+        names}``, or ``{path, error}`` for an image that cannot be read."""
+        from falconet.predict import image_sources, predict_images
+        from falconet.training.components import resolve_device
+
+        cfg = self._config({"device": device, **({"imgsz": imgsz} if imgsz else {})})
+        torch_device = resolve_device(cfg.device)
+        return predict_images(
+            self.module(torch_device),
+            self.family,
+            image_sources(source),
+            imgsz=cfg.imgsz,
+            device=torch_device,
+            names=self.names,
+            conf=conf,
+            iou=iou,
+            max_det=max_det,
+            batch=batch,
+        )

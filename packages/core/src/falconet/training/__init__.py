@@ -1,0 +1,1 @@
+"""The trainer: configuration, the loop, checkpoints, validation, callbacks."""

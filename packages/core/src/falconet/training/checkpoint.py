@@ -1,0 +1,107 @@
+"""Checkpoints: written atomically, read with ``torch.load(weights_only=True)``.
+
+A checkpoint holds only tensors, numbers, strings and containers of them, so the restricted
+unpickler accepts it and a file from elsewhere cannot run code. ``last.pt`` holds the full state
+of a run (model, EMA, optimizer, scaler, counters, every RNG, the configuration, versions);
+``best.pt`` only what inference needs (weights and the model's description).
+
+Writing goes to a temporary file in the same folder, is flushed and fsynced, then renamed over
+the target (atomic on POSIX), and the folder is fsynced: a crash at any moment leaves either
+the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read; the message says why and what to do."""
+
+
+def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
+    """Write ``state`` to ``path`` so that a crash never leaves a partial file there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a falconet checkpoint with the restricted unpickler (``weights_only=True``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = found.group(1) if found else "an object of a type it does not know"
+        raise CheckpointError(
+            f"{path}: refused: it holds {what}, which loading with weights_only=True does not "
+            "allow. falconet never unpickles arbitrary objects, since that can run code; "
+            "re-save the weights as a plain state_dict of tensors"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path}: not a falconet checkpoint (format {FORMAT} expected); "
+            "a bare state_dict can be loaded with Detector(model).load_weights(path)"
+        )
+    return state
+
+
+def rng_states() -> dict[str, Any]:
+    """Every RNG a run draws from, as tensors and plain numbers (weights_only safe)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": version, "state": list(internal), "gauss": py_gauss},
+    }
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    n = states["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+    p = states["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))

@@ -1,0 +1,96 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends bit-identical to one never killed."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from falconet.training.checkpoint import load_checkpoint
+
+EPOCHS = 4
+
+
+def _start(keys: dict[str, str], name: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
+    args = [f"{k}={v}" for k, v in keys.items()] + [f"name={name}", f"epochs={EPOCHS}"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "falconet", "train", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _assert_same_tensors(a: object, b: object, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same_tensors(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same_tensors(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def _metrics(run: Path) -> list[tuple[str, ...]]:
+    with (run / "results.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    keep = [k for k in rows[0] if k not in ("epoch_time", "img/s")]
+    return [tuple(row[k] for k in keep) for row in rows]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.4], ids=["at-epoch-boundary", "mid-epoch"])
+def test_sigkill_then_resume_is_bit_identical(tiny_run, tmp_path, falconet_cli, delay):
+    keys = {**tiny_run, "seed": "3"}
+    whole = _start(keys, "whole")
+    killed = _start(keys, "killed")
+    runs = tmp_path / "runs"
+    _wait_for(runs / "killed" / "weights" / "last.pt", killed)
+    time.sleep(delay)
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL
+    assert whole.wait() == 0, whole.stderr.read()
+
+    last = runs / "killed" / "weights" / "last.pt"
+    assert load_checkpoint(last)["epoch"] < EPOCHS, "the run finished before it was killed"
+    resumed = falconet_cli("train", f"resume={last}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+
+    a = load_checkpoint(runs / "whole" / "weights" / "last.pt")
+    b = load_checkpoint(last)
+    for part in ("model", "ema", "optimizer", "step", "epoch", "weights"):
+        _assert_same_tensors(a[part], b[part], part)
+    assert _metrics(runs / "whole") == _metrics(runs / "killed")
+
+
+def test_resume_refuses_keys_that_change_the_run(falconet_cli, tiny_run, tmp_path):
+    done = falconet_cli("train", *[f"{k}={v}" for k, v in tiny_run.items()], "epochs=1")
+    assert done.returncode == 0, done.stderr
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    refused = falconet_cli("train", f"resume={last}", "lr0=0.1")
+    assert refused.returncode == 2
+    assert "remove lr0" in refused.stderr
+    best = falconet_cli("train", f"resume={last.with_name('best.pt')}")
+    assert best.returncode == 2 and "holds weights only" in best.stderr

@@ -1,0 +1,127 @@
+"""``falconet train|val|predict`` end to end, in subprocesses, on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from falconet.training.checkpoint import load_checkpoint
+
+COCO128_YAML = Path(__file__).parents[2] / "shared/data/coco128/coco128.yaml"
+
+
+def _pairs(keys: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in keys.items()]
+
+
+def _rows(run: Path) -> list[dict[str, str]]:
+    with (run / "results.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_train_two_epochs_on_shapes_then_val_and_predict(falconet_cli, tiny_run, tmp_path):
+    keys = {**tiny_run, "epochs": "2", "plots": "true"}
+    done = falconet_cli("train", *_pairs(keys), env={"FALCONET_CACHE_DIR": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "runs" / "exp"
+    assert f"run folder: {run.resolve()}" in done.stdout
+    assert "mAP50-95" in done.stdout
+    rows = _rows(run)
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    for column in ("train/box", "train/cls", "train/dfl", "lr", "metrics/mAP50", "img/s"):
+        assert float(rows[-1][column]) >= 0, column
+    for name in ("args.yaml", "results.png", "pr_curve.png", "weights/last.pt", "weights/best.pt"):
+        assert (run / name).is_file(), name
+    assert "epochs: 2" in (run / "args.yaml").read_text()
+    best = load_checkpoint(run / "weights" / "best.pt")
+    assert "optimizer" not in best and best["spec"]["model"] == "yolo-n"
+    assert load_checkpoint(run / "weights" / "last.pt")["epoch"] == 2
+
+    # a second run gets a fresh folder
+    again = falconet_cli("train", *_pairs({**keys, "epochs": "1", "plots": "false"}))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "runs" / "exp2" / "weights" / "last.pt").is_file()
+
+    best_pt = str(run / "weights" / "best.pt")
+    val = falconet_cli("val", f"model={best_pt}", "workers=0", "--json")
+    assert val.returncode == 0, val.stderr
+    metrics = json.loads(val.stdout)
+    assert set(metrics["per_class"]) == {"circle", "square", "triangle", "cross", "ring"}
+    assert metrics["AP"] == pytest.approx(float(rows[-1]["metrics/mAP50-95"]), abs=1e-4)
+
+    images = tiny_run["data"].replace("shapes.yaml", "images/val")
+    pred = falconet_cli(
+        "predict", f"model={best_pt}", f"source={images}", "conf=0.01",
+        f"project={tmp_path / 'pred'}",
+    )
+    assert pred.returncode == 0, pred.stderr
+    records = json.loads((tmp_path / "pred" / "exp" / "predictions.json").read_text())
+    assert len(records) == 8
+    assert all((tmp_path / "pred" / "exp" / Path(r["path"]).name).is_file() for r in records)
+    for record in records:
+        for det in record["detections"]:
+            x1, y1, x2, y2 = det["box_xyxy"]
+            assert 0 <= x1 <= x2 <= 64 and 0 <= y1 <= y2 <= 64
+
+
+@pytest.mark.skipif(not COCO128_YAML.exists(), reason=f"needs COCO128 at {COCO128_YAML}")
+def test_train_two_epochs_on_coco128_at_small_size(falconet_cli, tmp_path):
+    done = falconet_cli(
+        "train", f"data={COCO128_YAML}", "epochs=2", "imgsz=96", "batch=16", "workers=1",
+        "fraction=0.25", "plots=false", f"project={tmp_path / 'runs'}",
+        env={"FALCONET_CACHE_DIR": str(tmp_path / "cache")}, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = _rows(tmp_path / "runs" / "exp")
+    assert len(rows) == 2
+    assert float(rows[0]["metrics/mAP50-95"]) >= 0
+    state = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")
+    assert len(state["spec"]["names"]) == 80
+
+
+@pytest.mark.parametrize(
+    ("pair", "expected"),
+    [
+        ("epoch=3", "unknown key 'epoch'; did you mean epochs=?"),
+        ("graph=cuda-graph", "pip install falconet-graphs-cuda"),
+        ("epochs", "'epochs' is not key=value"),
+    ],
+)
+def test_bad_keys_are_clear_errors_on_the_command_line(falconet_cli, tiny_run, pair, expected):
+    done = falconet_cli("train", *_pairs(tiny_run), pair)
+    assert done.returncode == 2, done.stderr
+    assert expected in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_help_lists_every_key_with_default(falconet_cli):
+    from falconet.training.config import describe_keys
+
+    done = falconet_cli("train", "--help")
+    assert done.returncode == 0
+    for key, default, _meaning in describe_keys():
+        assert any(
+            line.split()[:2] == [key, default] for line in done.stdout.splitlines() if line.strip()
+        ), key
+
+
+def test_early_stopping_fires(falconet_cli, tiny_run, tmp_path):
+    # no epoch can gain 0.5 mAP over the one before: patience 1 stops after the second epoch
+    done = falconet_cli("train", *_pairs(tiny_run), "epochs=6", "patience=1", "min_delta=0.5")
+    assert done.returncode == 0, done.stderr
+    assert "early stop: fitness has not improved" in done.stderr
+    assert len(_rows(tmp_path / "runs" / "exp")) == 2
+
+
+def test_refuses_a_checkpoint_with_an_arbitrary_object(falconet_cli, tmp_path):
+    import collections
+
+    path = tmp_path / "evil.pt"
+    torch.save({"format": 1, "payload": collections.Counter(a=1)}, path)
+    done = falconet_cli("val", f"model={path}")
+    assert done.returncode == 2
+    assert "collections.Counter" in done.stderr and "weights_only=True" in done.stderr

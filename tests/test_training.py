@@ -1,0 +1,197 @@
+"""The trainer in-process: configuration errors, NaN handling, gradient accumulation, and a
+run with the network cut off."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from falconet import Detector
+from falconet.training.checkpoint import load_checkpoint
+from falconet.training.config import ConfigError
+from falconet.training.setup import plan_run
+from falconet.training.trainer import Trainer, TrainingDiverged
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"imgsz": 100}, "imgsz=100: must be a multiple of 32"),
+        ({"cache": "ssd"}, "cache='ssd': expected 'none', 'ram' or 'disk'"),
+        ({"epochs": "many"}, "epochs='many'"),
+        ({"lr0": -1}, "lr0=-1"),
+        ({"amp_dtype": "fp8"}, "pip install falconet-precision-te-fp8"),
+        ({"assigner": "tall"}, "Did you mean assigner=tal?"),
+        ({"eval_backend": "cocoapi"}, "eval_backend=cocoapi"),
+        ({"optimiser": "sgd"}, "did you mean optimizer=?"),
+    ],
+)
+def test_bad_values_name_the_key(tiny_run, keys, expected):
+    with pytest.raises(Exception, match=None) as info:
+        Detector("yolo-n").train(**{**tiny_run, **keys})
+    assert expected in str(info.value)
+
+
+def test_resolution_order(tiny_shapes, installed_falconet_plugins):
+    """Defaults < family recipe < the data's train_defaults < the user's keys."""
+    data = tiny_shapes.parent / "with-defaults.yaml"
+    data.write_text(tiny_shapes.read_text().replace("path: .", f"path: {tiny_shapes.parent}")
+                    + "train_defaults:\n  imgsz: 96\n  lr0: 0.005\n")
+    plan = plan_run({"data": str(data), "lr0": 0.02}, installed_falconet_plugins)
+    assert plan.config.imgsz == 96  # the data's hint over the recipe's 640
+    assert plan.config.lr0 == 0.02  # the user's key over the hint
+    assert plan.config.momentum == 0.937  # the recipe
+    bad = tiny_shapes.parent / "bad-defaults.yaml"
+    bad.write_text(data.read_text() + "  epocs: 3\n")
+    with pytest.raises(ConfigError, match="epocs"):
+        plan_run({"data": str(bad)}, installed_falconet_plugins)
+
+
+class NanAfter:
+    """A yolo loss that turns NaN from its ``start``-th call on."""
+
+    def __init__(self, loss, start: int) -> None:
+        self.loss, self.start, self.calls = loss, start, 0
+
+    def __call__(self, outputs, batch):
+        self.calls += 1
+        total, parts = self.loss(outputs, batch)
+        return (total * float("nan") if self.calls >= self.start else total), parts
+
+
+def _add_family(plugins, name: str, build_loss) -> str:
+    """Register a family ``name`` whose model is yolo-n and whose loss is
+    ``build_loss(yolo_loss)``; returns its model name."""
+    yolo = plugins.families.get("yolo")
+
+    class Wrapped:
+        summary, models = "yolo-n with a test loss", (f"{name}-n",)
+        default_recipe, capture_region, postprocess = (
+            yolo.default_recipe, yolo.capture_region, yolo.postprocess
+        )
+
+        def build_model(self, model, num_classes):
+            return yolo.build_model("yolo-n", num_classes)
+
+        def build_loss(self, model, assigner):
+            return build_loss(yolo.build_loss(model, assigner))
+
+    Wrapped.name = name
+    plugins.add_plugin(
+        SimpleNamespace(register_families=lambda register: register(Wrapped())),
+        f"{name}-plugin", "test", "0",
+    )
+    return f"{name}-n"
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
+    tiny_run, installed_falconet_plugins, tmp_path
+):
+    # 3 batches per epoch: epoch 1 is clean, epoch 2 turns NaN at its first batch
+    model = _add_family(installed_falconet_plugins, "nan", lambda loss: NanAfter(loss, start=4))
+    detector = Detector(model, plugins=installed_falconet_plugins)
+    with pytest.raises(TrainingDiverged, match="NaN or infinite for 2 consecutive steps"):
+        detector.train(**tiny_run, epochs=3, nan_patience=2, log_interval=1)
+    last = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")
+    assert last["epoch"] == 1
+    assert all(torch.isfinite(t).all() for t in last["model"].values() if t.is_floating_point())
+
+
+def _trainer(tiny_run, plugins, **keys) -> Trainer:
+    base = {**tiny_run, "warmup_epochs": 0, "ema": False, "val": False, "seed": 1, "clip_grad": 0}
+    return Trainer(plan_run({**base, **keys}, plugins), plugins)
+
+
+def _per_image_mean_loss(_yolo_loss):
+    """A loss that is a plain mean over images (YOLO's is normalised by its soft-target sum,
+    floored at 1, which at random initialisation makes a batch and its half differ by design)."""
+
+    def loss(outputs, batch):
+        box, cls = outputs[0].float(), outputs[1].float()
+        total = cls.sigmoid().mean() + 1e-3 * box.pow(2).mean()
+        return total, {"cls": total.detach()}
+
+    return loss
+
+
+def test_gradient_accumulation_equals_the_larger_batch(tiny_run, installed_falconet_plugins):
+    """Two batches of [x1, x2] accumulated = one batch [x1, x2, x1, x2] (BatchNorm sees the same
+    statistics in both), up to float rounding."""
+    plugins = installed_falconet_plugins
+    model = _add_family(plugins, "mean", _per_image_mean_loss)
+    big = _trainer(tiny_run, plugins, model=model, batch=4, nbs=4, name="big")
+    small = _trainer(tiny_run, plugins, model=model, batch=2, nbs=4, name="small")
+    before = [p.detach().clone() for p in big.model.parameters()]
+    assert (big.accumulate, small.accumulate) == (1, 2)
+    for a, b in zip(big.model.parameters(), small.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    targets = {"boxes": torch.zeros(2, 8, 4), "labels": torch.zeros(2, 8, dtype=torch.int64),
+               "counts": torch.zeros(2, dtype=torch.int64)}
+    doubled = {k: torch.cat([v, v]) for k, v in targets.items()}
+    big.train_batch(torch.cat([images, images]), doubled, optimizer_step=True)
+    small.train_batch(images, targets, optimizer_step=False)
+    grads = [p.grad.clone() for p in small.model.parameters()]
+    small.train_batch(images, targets, optimizer_step=True)
+    moved = 0
+    for (name, a), b, start in zip(
+        big.model.named_parameters(), small.model.parameters(), before, strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7, msg=name)
+        moved += int(not torch.equal(a, start))
+    assert moved > 0.9 * len(before)
+    assert any(g.abs().sum() > 0 for g in grads)  # the first microbatch did contribute
+
+
+AUDIT = """
+import sys
+import socket
+def refuse(event, args):
+    # local AF_UNIX sockets (multiprocessing passes worker fds through them) are not network
+    inet = event == "socket.connect" and args[0].family in (socket.AF_INET, socket.AF_INET6)
+    if inet or event in ("socket.getaddrinfo", "socket.gethostbyname", "urllib.Request"):
+        raise RuntimeError(f"network attempt: {event} {args}")
+sys.addaudithook(refuse)
+from falconet.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_main_job_makes_no_network_attempt(tmp_path):
+    """The README's main job (here with fewer epochs and images) under an audit hook that turns
+    any connection or name lookup into an error, and under ``unshare -n`` where allowed."""
+    keys = ["data=shapes", "epochs=1", "imgsz=64", "fraction=0.1", "workers=1",
+            f"project={tmp_path / 'runs'}"]
+    env = {"FALCONET_CACHE_DIR": str(tmp_path / "cache"), "MPLCONFIGDIR": str(tmp_path / "mpl"),
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    command = [sys.executable, "-c", AUDIT, "train", *keys]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "network attempt" not in done.stderr
+    assert (tmp_path / "runs" / "exp" / "results.png").is_file()
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-rn", "true"]).returncode != 0:
+        pytest.skip("unshare -rn is not permitted here; the audit-hook run above passed")
+    isolated = subprocess.run([unshare, "-rn", *command[:3], "train", *keys[:-1],
+                               f"project={tmp_path / 'isolated'}"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert isolated.returncode == 0, isolated.stderr
+
+
+def test_checkpoint_loads_into_a_detector_and_predicts(tiny_run, tmp_path):
+    summary = Detector("yolo-n").train(**tiny_run, epochs=1)
+    best = Path(summary["run_dir"]) / "weights" / "best.pt"
+    detector = Detector(best)
+    images = Path(tiny_run["data"]).parent / "images" / "val"
+    results = detector.predict(images, conf=0.0001, device="cpu")
+    assert len(results) == 8 and all("boxes" in r for r in results)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    with_bad = detector.predict([broken, next(images.iterdir())], device="cpu")
+    assert "error" in with_bad[0] and "boxes" in with_bad[1]
