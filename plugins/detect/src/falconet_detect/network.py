@@ -87,9 +87,14 @@ class DetectHead(nn.Module):
     def grid(
         self, shapes: list[tuple[int, int]], device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Anchor points (cell centres, pixels) and strides for these feature sizes, cached."""
+        """Anchor points (cell centres, pixels) and strides for these feature sizes, cached.
+
+        Under ``torch.compile`` nothing is cached: the compiler folds the grid into the graph,
+        and a cached tensor made inside a CUDA-graph tree would live in memory the next replay
+        overwrites (``compile_mode=reduce-overhead`` failed on exactly that).
+        """
         key = (tuple(shapes), device, dtype)
-        if key not in self._grids:
+        if key not in self._grids or torch.compiler.is_compiling():
             points, strides = [], []
             for (h, w), stride in zip(shapes, STRIDES, strict=True):
                 ys = (torch.arange(h, device=device, dtype=dtype) + 0.5) * stride
@@ -97,7 +102,10 @@ class DetectHead(nn.Module):
                 yy, xx = torch.meshgrid(ys, xs, indexing="ij")
                 points.append(torch.stack((xx, yy), -1).reshape(-1, 2))
                 strides.append(torch.full((h * w, 1), float(stride), device=device, dtype=dtype))
-            self._grids[key] = (torch.cat(points), torch.cat(strides))
+            made = (torch.cat(points), torch.cat(strides))
+            if torch.compiler.is_compiling():
+                return made
+            self._grids[key] = made
         return self._grids[key]
 
     def forward(

@@ -61,11 +61,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        what = found.group(1) if found else "an object of a type it does not know"
+        if found is None:
+            raise CheckpointError(f"{path}: not a readable checkpoint (torn or not a torch "
+                                  f"file: {str(exc).strip().splitlines()[0]})") from None
         raise CheckpointError(
-            f"{path}: refused: it holds {what}, which loading with weights_only=True does not "
-            "allow. falconet never unpickles arbitrary objects, since that can run code; "
-            "re-save the weights as a plain state_dict of tensors"
+            f"{path}: refused: it holds {found.group(1)}, which loading with weights_only=True "
+            "does not allow. falconet never unpickles arbitrary objects, since that can run "
+            "code; re-save the weights as a plain state_dict of tensors"
         ) from None
     except (RuntimeError, EOFError, OSError) as exc:
         raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from None

@@ -46,6 +46,7 @@ from falconet.training.setup import ModelSpec, Plan, build_loaders
 log = logging.getLogger("falconet.train")
 
 TARGET_KEYS = ("boxes", "labels", "counts")
+METRIC_COLUMNS = ("metrics/mAP50-95", "metrics/mAP50", "fitness")
 
 
 class TrainingDiverged(RuntimeError):
@@ -237,7 +238,7 @@ class Trainer:
         cfg = self.cfg
         last = self.epoch + 1 == cfg.epochs
         if self.val_loader is None or not ((self.epoch + 1) % cfg.val_interval == 0 or last):
-            return {}
+            return dict.fromkeys(METRIC_COLUMNS, "")  # every row has the same columns
         result = self.validate()
         score = validation.fitness(result, cfg.metric)
         if score > self.best + cfg.min_delta:
@@ -253,11 +254,8 @@ class Trainer:
                     f"for {self.bad_validations} validations (patience={cfg.patience}); best "
                     f"{self.best:.4f} at epoch {self.best_epoch}"
                 )
-        return {
-            "metrics/mAP50-95": round(result.stats["AP"], 5),
-            "metrics/mAP50": round(result.stats["AP50"], 5),
-            "fitness": round(score, 5),
-        }
+        values = (result.stats["AP"], result.stats["AP50"], score)
+        return {k: round(v, 5) for k, v in zip(METRIC_COLUMNS, values, strict=True)}
 
     def validate(self) -> EvalResult:
         """Evaluate the EMA weights (the model's, without EMA) on the val split."""
