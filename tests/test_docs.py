@@ -20,7 +20,7 @@ def bash_blocks(markdown: str) -> list[str]:
 
 def test_readme_has_exactly_two_commands_and_ci_runs_them():
     blocks = [b.strip() for b in bash_blocks((ROOT / "README.md").read_text())]
-    assert blocks == ["uv run falconet plugins list", "uv run pytest"]
+    assert blocks == ["uv run falconet train", "uv run pytest"]
     ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
     commands = [line for line in ci if line.startswith("uv run")]
     assert commands == blocks

@@ -56,7 +56,10 @@ def test_train_two_epochs_on_shapes_then_val_and_predict(falconet_cli, tiny_run,
 
     images = tiny_run["data"].replace("shapes.yaml", "images/val")
     pred = falconet_cli(
-        "predict", f"model={best_pt}", f"source={images}", "conf=0.01",
+        "predict",
+        f"model={best_pt}",
+        f"source={images}",
+        "conf=0.01",
         f"project={tmp_path / 'pred'}",
     )
     assert pred.returncode == 0, pred.stderr
@@ -72,9 +75,17 @@ def test_train_two_epochs_on_shapes_then_val_and_predict(falconet_cli, tiny_run,
 @pytest.mark.skipif(not COCO128_YAML.exists(), reason=f"needs COCO128 at {COCO128_YAML}")
 def test_train_two_epochs_on_coco128_at_small_size(falconet_cli, tmp_path):
     done = falconet_cli(
-        "train", f"data={COCO128_YAML}", "epochs=2", "imgsz=96", "batch=16", "workers=1",
-        "fraction=0.25", "plots=false", f"project={tmp_path / 'runs'}",
-        env={"FALCONET_CACHE_DIR": str(tmp_path / "cache")}, timeout=600,
+        "train",
+        f"data={COCO128_YAML}",
+        "epochs=2",
+        "imgsz=96",
+        "batch=16",
+        "workers=1",
+        "fraction=0.25",
+        "plots=false",
+        f"project={tmp_path / 'runs'}",
+        env={"FALCONET_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     rows = _rows(tmp_path / "runs" / "exp")
@@ -126,3 +137,33 @@ def test_refuses_a_checkpoint_with_an_arbitrary_object(falconet_cli, tmp_path):
     done = falconet_cli("val", f"model={path}")
     assert done.returncode == 2
     assert "argparse.Namespace" in done.stderr and "weights_only=True" in done.stderr
+
+
+def test_training_on_broken_data_completes_and_reports_what_it_skipped(falconet_cli, tmp_path):
+    from falconet_testing.broken_data import write_broken_yolo
+
+    data = write_broken_yolo(tmp_path / "broken", val=True)
+    done = falconet_cli(
+        "train",
+        f"data={data}",
+        "epochs=1",
+        "imgsz=64",
+        "batch=4",
+        "workers=0",
+        "plots=false",
+        f"project={tmp_path / 'runs'}",
+        env={"FALCONET_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stderr
+    summary = [line for line in done.stderr.splitlines() if line.startswith("data train:")]
+    assert len(summary) == 1  # one summary line per split, not one line per file
+    for part in (
+        "14 of 17 images usable",
+        "zero-byte-image 1 (skipped)",
+        "corrupt-image 1 (skipped)",
+        "truncated-image 1 (skipped)",
+        "label-class 1 (dropped)",
+        "falconet data check",
+    ):
+        assert part in summary[0], part
+    assert len(_rows(tmp_path / "runs" / "exp")) == 1

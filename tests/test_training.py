@@ -41,8 +41,10 @@ def test_bad_values_name_the_key(tiny_run, keys, expected):
 def test_resolution_order(tiny_shapes, installed_falconet_plugins):
     """Defaults < family recipe < the data's train_defaults < the user's keys."""
     data = tiny_shapes.parent / "with-defaults.yaml"
-    data.write_text(tiny_shapes.read_text().replace("path: .", f"path: {tiny_shapes.parent}")
-                    + "train_defaults:\n  imgsz: 96\n  lr0: 0.005\n")
+    data.write_text(
+        tiny_shapes.read_text().replace("path: .", f"path: {tiny_shapes.parent}")
+        + "train_defaults:\n  imgsz: 96\n  lr0: 0.005\n"
+    )
     plan = plan_run({"data": str(data), "lr0": 0.02}, installed_falconet_plugins)
     assert plan.config.imgsz == 96  # the data's hint over the recipe's 640
     assert plan.config.lr0 == 0.02  # the user's key over the hint
@@ -73,7 +75,9 @@ def _add_family(plugins, name: str, build_loss) -> str:
     class Wrapped:
         summary, models = "yolo-n with a test loss", (f"{name}-n",)
         default_recipe, capture_region, postprocess = (
-            yolo.default_recipe, yolo.capture_region, yolo.postprocess
+            yolo.default_recipe,
+            yolo.capture_region,
+            yolo.postprocess,
         )
 
         def build_model(self, model, num_classes):
@@ -85,7 +89,9 @@ def _add_family(plugins, name: str, build_loss) -> str:
     Wrapped.name = name
     plugins.add_plugin(
         SimpleNamespace(register_families=lambda register: register(Wrapped())),
-        f"{name}-plugin", "test", "0",
+        f"{name}-plugin",
+        "test",
+        "0",
     )
     return f"{name}-n"
 
@@ -132,8 +138,11 @@ def test_gradient_accumulation_equals_the_larger_batch(tiny_run, installed_falco
     for a, b in zip(big.model.parameters(), small.model.parameters(), strict=True):
         assert torch.equal(a, b)
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    targets = {"boxes": torch.zeros(2, 8, 4), "labels": torch.zeros(2, 8, dtype=torch.int64),
-               "counts": torch.zeros(2, dtype=torch.int64)}
+    targets = {
+        "boxes": torch.zeros(2, 8, 4),
+        "labels": torch.zeros(2, 8, dtype=torch.int64),
+        "counts": torch.zeros(2, dtype=torch.int64),
+    }
     doubled = {k: torch.cat([v, v]) for k, v in targets.items()}
     big.train_batch(torch.cat([images, images]), doubled, optimizer_step=True)
     small.train_batch(images, targets, optimizer_step=False)
@@ -166,10 +175,20 @@ main(sys.argv[1:])
 def test_main_job_makes_no_network_attempt(tmp_path):
     """The README's main job (here with fewer epochs and images) under an audit hook that turns
     any connection or name lookup into an error, and under ``unshare -n`` where allowed."""
-    keys = ["data=shapes", "epochs=1", "imgsz=64", "fraction=0.1", "workers=1",
-            f"project={tmp_path / 'runs'}"]
-    env = {"FALCONET_CACHE_DIR": str(tmp_path / "cache"), "MPLCONFIGDIR": str(tmp_path / "mpl"),
-           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    keys = [
+        "data=shapes",
+        "epochs=1",
+        "imgsz=64",
+        "fraction=0.1",
+        "workers=1",
+        f"project={tmp_path / 'runs'}",
+    ]
+    env = {
+        "FALCONET_CACHE_DIR": str(tmp_path / "cache"),
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+    }
     command = [sys.executable, "-c", AUDIT, "train", *keys]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -178,9 +197,13 @@ def test_main_job_makes_no_network_attempt(tmp_path):
     unshare = shutil.which("unshare")
     if unshare is None or subprocess.run([unshare, "-rn", "true"]).returncode != 0:
         pytest.skip("unshare -rn is not permitted here; the audit-hook run above passed")
-    isolated = subprocess.run([unshare, "-rn", *command[:3], "train", *keys[:-1],
-                               f"project={tmp_path / 'isolated'}"],
-                              capture_output=True, text=True, env=env, timeout=300)
+    isolated = subprocess.run(
+        [unshare, "-rn", *command[:3], "train", *keys[:-1], f"project={tmp_path / 'isolated'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert isolated.returncode == 0, isolated.stderr
 
 
@@ -195,3 +218,35 @@ def test_checkpoint_loads_into_a_detector_and_predicts(tiny_run, tmp_path):
     broken.write_bytes(b"not a jpeg")
     with_bad = detector.predict([broken, next(images.iterdir())], device="cpu")
     assert "error" in with_bad[0] and "boxes" in with_bad[1]
+
+
+def test_plugin_graph_backend_and_callbacks_are_used(tiny_run, installed_falconet_plugins):
+    plugins = installed_falconet_plugins
+    events: list[str] = []
+
+    class Recorder:
+        name, summary = "recorder", "records the events it sees"
+
+        def __init__(self, **options):
+            for event in (
+                "on_train_start",
+                "on_epoch_start",
+                "on_step_end",
+                "on_val_end",
+                "on_epoch_end",
+                "on_train_end",
+            ):
+                setattr(self, event, lambda trainer, *args, e=event: events.append(e))
+
+    plugins.add_plugin(
+        SimpleNamespace(register_callbacks=lambda register: register(Recorder)),
+        "recorder-plugin",
+        "test",
+        "0",
+    )
+    Detector("yolo-n", plugins=plugins).train(
+        **tiny_run, epochs=2, graph="example-counting", callbacks="recorder"
+    )
+    assert plugins.graph_backends.get("example-counting").calls == 6  # 2 epochs x 3 batches
+    epoch = ["on_epoch_start"] + ["on_step_end"] * 3 + ["on_val_end", "on_epoch_end"]
+    assert events == ["on_train_start", *epoch, *epoch, "on_train_end"]

@@ -31,8 +31,9 @@ COLUMNS = {"mAP50": "metrics/mAP50", "mAP50-95": "metrics/mAP50-95"}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="mAP50=0.9", help="METRIC=VALUE, METRIC in mAP50, "
-                        "mAP50-95")
+    parser.add_argument(
+        "--target", default="mAP50=0.9", help="METRIC=VALUE, METRIC in mAP50, mAP50-95"
+    )
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("keys", nargs="*", help="falconet train keys (key=value)")
     args = parser.parse_args()
@@ -64,10 +65,14 @@ def main() -> None:
         "last_row": rows[-1],
         "precision": summary["precision"],
         "graph": summary["graph"],
-        "hardware": torch.cuda.get_device_name(0) if torch.cuda.is_available()
+        "hardware": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available()
         else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
-        "versions": {"falconet": __version__, "torch": str(torch.__version__),
-                     "python": platform.python_version()},
+        "versions": {
+            "falconet": __version__,
+            "torch": str(torch.__version__),
+            "python": platform.python_version(),
+        },
         "run_dir": summary["run_dir"],
     }
     text = json.dumps(report, indent=1)

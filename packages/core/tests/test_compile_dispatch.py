@@ -15,8 +15,12 @@ from falconet.interfaces import DispatchContext
 
 
 def _context(device="cpu", region=True, **options) -> DispatchContext:
-    return DispatchContext(torch.device(device), "fp32",
-                           capture_region=nn.Identity() if region else None, options=options)
+    return DispatchContext(
+        torch.device(device),
+        "fp32",
+        capture_region=nn.Identity() if region else None,
+        options=options,
+    )
 
 
 def test_declines_with_a_reason():

@@ -35,8 +35,17 @@ def test_weight_decay_scales_with_the_nominal_batch():
 
 
 def test_schedule_warms_up_then_decays():
-    cfg = build_config({"epochs": 10, "lr0": 0.01, "lrf": 0.1, "warmup_epochs": 1,
-                        "warmup_bias_lr": 0.1, "momentum": 0.9, "warmup_momentum": 0.8})
+    cfg = build_config(
+        {
+            "epochs": 10,
+            "lr0": 0.01,
+            "lrf": 0.1,
+            "warmup_epochs": 1,
+            "warmup_bias_lr": 0.1,
+            "momentum": 0.9,
+            "warmup_momentum": 0.8,
+        }
+    )
     optimizer = build_optimizer(_net(), cfg, accumulate=1)
     schedule = Schedule(cfg, steps_per_epoch=20)
     assert schedule.warmup_steps == 100  # at least 100 optimizer steps

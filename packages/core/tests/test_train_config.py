@@ -14,8 +14,11 @@ from falconet.training.config import (
 
 
 def test_text_values_from_the_command_line_become_typed():
-    cfg = build_config(parse_cli_pairs(["epochs=3", "nesterov=false", "lr0=1e-3", "device=0",
-                                        "resume=true", "callbacks=a, b"]))
+    cfg = build_config(
+        parse_cli_pairs(
+            ["epochs=3", "nesterov=false", "lr0=1e-3", "device=0", "resume=true", "callbacks=a, b"]
+        )
+    )
     assert (cfg.epochs, cfg.nesterov, cfg.lr0, cfg.device) == (3, False, 1e-3, "0")
     assert cfg.resume is True and cfg.callbacks == ["a", "b"]
     assert build_config({"resume": "runs/x/weights/last.pt"}).resume == "runs/x/weights/last.pt"
@@ -23,7 +26,7 @@ def test_text_values_from_the_command_line_become_typed():
 
 def test_later_layers_win_and_unknown_keys_name_the_closest():
     assert build_config({"epochs": 5}, {"epochs": 7}).epochs == 7
-    with pytest.raises(ConfigError, match="did you mean batch=?"):
+    with pytest.raises(ConfigError, match=r"did you mean batch=\?"):
         build_config({"bacth": 4})
     with pytest.raises(ConfigError, match="is not key=value"):
         parse_cli_pairs(["epochs"])
@@ -32,7 +35,7 @@ def test_later_layers_win_and_unknown_keys_name_the_closest():
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
-        ({"imgsz": 100}, "imgsz=100: must be a multiple of 32 (the network's largest stride); try 96"),
+        ({"imgsz": 100}, "imgsz=100: must be a multiple of 32 (the network's largest stride)"),
         ({"schedule": "step"}, "schedule='step': expected 'linear' or 'cosine'"),
         ({"batch": 0}, "batch=0: Input should be greater than or equal to 1"),
         ({"mosaic": 2}, "mosaic=2: Input should be less than or equal to 1"),

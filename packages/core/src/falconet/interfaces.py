@@ -229,9 +229,10 @@ class GraphBackend(Protocol):
 class Callback(Protocol):
     """Observer of a training run. Every method is optional to override; all return ``None``.
 
-    Methods: ``on_train_start``, ``on_epoch_start``, ``on_step_end``, ``on_val_end``,
-    ``on_train_end``, ``on_exception``; each receives the trainer (and the exception, for the
-    last). Callbacks read state; they must not synchronise the device every step.
+    Methods: ``on_train_start``, ``on_epoch_start``, ``on_step_end`` (after each batch),
+    ``on_val_end(result)``, ``on_epoch_end(row)`` (the epoch's results.csv row),
+    ``on_train_end``, ``on_exception(exc)``; each receives the trainer first. Callbacks read
+    state the trainer already has on the host; they must not synchronise the device per step.
     """
 
     name: str

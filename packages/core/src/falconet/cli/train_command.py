@@ -69,6 +69,10 @@ def train(keys: tuple[str, ...]) -> None:
 
     With no keys: yolo-n on the built-in `shapes` data, on the GPU if there is one. Every key
     below is also a keyword of `Detector.train`. Output goes to runs/train/<name>.
+
+    The defaults below are the core's: the model family's recipe, then the data yaml's
+    train_defaults:, override them, and your keys override both; the resolved keys are
+    printed when the run starts and saved in args.yaml.
     """
     from falconet.detector import Detector
 

@@ -62,8 +62,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found is None:
-            raise CheckpointError(f"{path}: not a readable checkpoint (torn or not a torch "
-                                  f"file: {str(exc).strip().splitlines()[0]})") from None
+            raise CheckpointError(
+                f"{path}: not a readable checkpoint (torn or not a torch "
+                f"file: {str(exc).strip().splitlines()[0]})"
+            ) from None
         raise CheckpointError(
             f"{path}: refused: it holds {found.group(1)}, which loading with weights_only=True "
             "does not allow. falconet never unpickles arbitrary objects, since that can run "

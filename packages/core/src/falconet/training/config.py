@@ -198,12 +198,13 @@ def describe_keys() -> list[tuple[str, str, str]]:
     """``(key, default, meaning)`` for every key, in declaration order (for ``--help``)."""
     rows = []
     for key, field in TrainConfig.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        if isinstance(default, list):
-            shown = ",".join(default) or "-"
-        elif isinstance(default, bool):
-            shown = str(default).lower()
-        else:
-            shown = str(default)
+        shown = format_value(field.get_default(call_default_factory=True))
         rows.append((key, shown, field.description or ""))
     return rows
+
+
+def format_value(value: Any) -> str:
+    """A key's value as it is typed on the command line (``true``, ``a,b``, ``-`` for none)."""
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -40,6 +41,7 @@ from falconet.training.components import (
     new_run_dir,
     resolve_device,
 )
+from falconet.training.config import format_value
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.setup import ModelSpec, Plan, build_loaders
 
@@ -105,6 +107,8 @@ class Trainer:
         self.weights_dir = self.run_dir / "weights"
         self._improved = False
         (self.run_dir / "args.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        pairs = " ".join(f"{k}={format_value(v)}" for k, v in cfg.model_dump().items())
+        log.info("keys: %s", textwrap.fill(pairs, 100, subsequent_indent="      "))
         log.info(
             "run %s: %s on %s, %s, graph=%s, %d train / %s val images, accumulate %d",
             self.run_dir,
