@@ -148,13 +148,19 @@ def test_gradient_accumulation_equals_the_larger_batch(tiny_run, installed_falco
     small.train_batch(images, targets, optimizer_step=False)
     grads = [p.grad.clone() for p in small.model.parameters()]
     small.train_batch(images, targets, optimizer_step=True)
-    moved = 0
+    # compare the updates: a slip in the accumulation (a missing 1/accumulate, a zero_grad
+    # between batches) is off by 50-100%; float rounding, amplified by BatchNorm's backward on
+    # a few near-cancelling weights, stays far below 0.1% of the update
+    diff = total = 0.0
     for (name, a), b, start in zip(
         big.model.named_parameters(), small.model.parameters(), before, strict=True
     ):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7, msg=name)
-        moved += int(not torch.equal(a, start))
-    assert moved > 0.9 * len(before)
+        step_a, step_b = (a - start).double(), (b - start).double()
+        assert step_a.norm() > 0, f"{name} did not move"
+        diff += float((step_a - step_b).norm() ** 2)
+        total += float(step_a.norm() ** 2)
+        assert float((step_a - step_b).norm() / step_a.norm()) < 1e-2, name
+    assert (diff / total) ** 0.5 < 1e-3
     assert any(g.abs().sum() > 0 for g in grads)  # the first microbatch did contribute
 
 

@@ -41,11 +41,14 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
         "register_commands",
         "data,",
         "eval,",
-        "plugins",
+        "plugins,",
+        "predict,",
+        "train,",
+        "val",
     ]
     assert [line.split() for line in lines[2:5]] == [
         ["register_eval_backends", "pycocotools"],
-        ["register_graph_backends", "eager"],
+        ["register_graph_backends", "compile,", "eager"],
         ["register_precision_backends", "bf16,", "fp16,", "fp32"],
     ]
     assert lines[-1] == f"falconet {__version__}: 1 plugins, 0 broken"

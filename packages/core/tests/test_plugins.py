@@ -29,9 +29,9 @@ def graph_plugin(*names: str) -> SimpleNamespace:
 
 def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.precision_backends.names() == ["bf16", "fp16", "fp32"]
-    assert falconet_plugins.graph_backends.names() == ["eager"]
+    assert falconet_plugins.graph_backends.names() == ["compile", "eager"]
     assert falconet_plugins.eval_backends.names() == ["pycocotools"]
-    assert falconet_plugins.commands.names() == ["data", "eval", "plugins"]
+    assert falconet_plugins.commands.names() == ["data", "eval", "plugins", "predict", "train", "val"]
     (record,) = falconet_plugins.records
     assert (record.name, record.distribution, record.status) == (
         "falconet.builtin",
@@ -121,7 +121,7 @@ def test_unknown_first_party_name_gives_the_install_command(falconet_plugins):
     with pytest.raises(UnknownNameError) as err:
         falconet_plugins.graph_backends.get("cuda-graph")
     assert "graph=cuda-graph needs: pip install falconet-graphs-cuda" in str(err.value)
-    assert "Available: eager." in str(err.value)
+    assert "Available: compile, eager." in str(err.value)
 
 
 def test_unknown_name_from_a_broken_provider_says_it_is_broken(
