@@ -31,7 +31,15 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.precision_backends.names() == ["bf16", "fp16", "fp32"]
     assert falconet_plugins.graph_backends.names() == ["compile", "eager"]
     assert falconet_plugins.eval_backends.names() == ["pycocotools"]
-    assert falconet_plugins.commands.names() == ["data", "eval", "plugins", "predict", "train", "val"]
+    commands = ["data", "eval", "plugins", "predict", "train", "val"]
+    assert falconet_plugins.commands.names() == commands
+        "data",
+        "eval",
+        "plugins",
+        "predict",
+        "train",
+        "val",
+    ]
     (record,) = falconet_plugins.records
     assert (record.name, record.distribution, record.status) == (
         "falconet.builtin",
