@@ -33,13 +33,6 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.eval_backends.names() == ["pycocotools"]
     commands = ["data", "eval", "plugins", "predict", "train", "val"]
     assert falconet_plugins.commands.names() == commands
-        "data",
-        "eval",
-        "plugins",
-        "predict",
-        "train",
-        "val",
-    ]
     (record,) = falconet_plugins.records
     assert (record.name, record.distribution, record.status) == (
         "falconet.builtin",
