@@ -155,7 +155,7 @@ def test_gradient_accumulation_equals_the_larger_batch(tiny_run, installed_falco
     for (name, a), b, start in zip(
         big.model.named_parameters(), small.model.parameters(), before, strict=True
     ):
-        step_a, step_b = (a - start).double(), (b - start).double()
+        step_a, step_b = (a.detach() - start).double(), (b.detach() - start).double()
         assert step_a.norm() > 0, f"{name} did not move"
         diff += float((step_a - step_b).norm() ** 2)
         total += float(step_a.norm() ** 2)

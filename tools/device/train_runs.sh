@@ -7,13 +7,25 @@
 #                 eager fp16, compile reduce-overhead) for loss agreement, then
 #                 tools/bench_step.py for what #5 left; variants= and steps= (;-separated)
 #                 choose a subset
+#   part=resume   the same shapes run twice, one killed with SIGKILL after its second epoch and
+#                 resumed; both results.csv side by side (GPU resume within nondeterminism)
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl
 part=${part:-overfit}
 common=(data=.data/coco128/coco128.yaml imgsz=640 batch=16 cache=ram workers=8 amp_dtype=bf16
         val_interval=10 eval_backend=hotcoco deterministic=false plots=true project=/tmp/runs)
-if [[ $part == overfit ]]; then
+if [[ $part == resume ]]; then
+  keys=(data=shapes epochs=6 batch=32 workers=8 seed=0 project=/tmp/runs plots=false)
+  falconet train "${keys[@]}" name=whole > "$OUT/resume_whole.log" 2>&1 &
+  falconet train "${keys[@]}" name=killed > "$OUT/resume_killed.log" 2>&1 &
+  killed=$!
+  until [[ $(wc -l < /tmp/runs/killed/results.csv 2>/dev/null || echo 0) -ge 3 ]]; do sleep 0.2; done
+  kill -9 $killed
+  wait
+  falconet train resume=/tmp/runs/killed/weights/last.pt >> "$OUT/resume_killed.log" 2>&1
+  paste -d'|' /tmp/runs/whole/results.csv /tmp/runs/killed/results.csv > "$OUT/resume_side_by_side.csv"
+elif [[ $part == overfit ]]; then
   epochs=${epochs:-300}
   timeout 560 python tools/convergence.py --target mAP50-95=0.5 --json "$OUT/overfit_sgd.json" \
     "${common[@]}" epochs="$epochs" close_mosaic=$((epochs / 3)) name=sgd \
