@@ -20,7 +20,9 @@ if [[ $part == resume ]]; then
   falconet train "${keys[@]}" name=whole > "$OUT/resume_whole.log" 2>&1 &
   falconet train "${keys[@]}" name=killed > "$OUT/resume_killed.log" 2>&1 &
   killed=$!
-  until [[ $(wc -l < /tmp/runs/killed/results.csv 2>/dev/null || echo 0) -ge 3 ]]; do sleep 0.2; done
+  until [[ $( (wc -l < /tmp/runs/killed/results.csv) 2>/dev/null || echo 0) -ge 3 ]]; do
+    sleep 0.2
+  done
   kill -9 $killed
   wait
   falconet train resume=/tmp/runs/killed/weights/last.pt >> "$OUT/resume_killed.log" 2>&1
@@ -53,5 +55,5 @@ else
     python tools/bench_step.py --model $1 --batch $2 --assigner $3 >> "$OUT/steps.txt" 2>&1
   done
 fi
-tar czf "$OUT/runs.tgz" --exclude='*.pt' -C /tmp runs /tmp/shapes_*.log 2>/dev/null
+[[ $part == resume ]] || tar czf "$OUT/runs.tgz" --exclude='*.pt' -C /tmp runs /tmp/shapes_*.log 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
