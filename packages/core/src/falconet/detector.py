@@ -96,7 +96,7 @@ class Detector:
         from falconet.data.resolve import load_dataset
         from falconet.training import validation
         from falconet.training.components import choose_precision, resolve_device
-        from falconet.training.setup import build_loaders
+        from falconet.training.setup import build_val_loader
 
         cfg = self._config({**keys, "val": True})
         device = resolve_device(cfg.device)
@@ -107,8 +107,7 @@ class Detector:
                 f"data={cfg.data} has classes {dataset.names}, this model was trained on "
                 f"{self.names}"
             )
-        dataset.splits.setdefault("train", dataset.splits["val"])
-        _, loader = build_loaders(cfg.model_copy(update={"cache": "none"}), dataset, device)
+        loader = build_val_loader(cfg.model_copy(update={"cache": "none"}), dataset, device)
         precision = choose_precision(cfg.amp_dtype, device, self.plugins)
         accumulator = validation.predict_split(
             self.module(device),

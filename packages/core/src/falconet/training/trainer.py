@@ -317,7 +317,7 @@ class Trainer:
             }
         )
         save_atomic(state, self.weights_dir / "last.pt")
-        if getattr(self, "_improved", False) or (self.val_loader is None):
+        if self._improved or self.val_loader is None:
             save_atomic(self._weights_state(), self.weights_dir / "best.pt")
             self._improved = False
 
