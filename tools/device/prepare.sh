@@ -8,6 +8,10 @@ cd "$(dirname "$0")/../.."
 rm -rf .whl
 uv build --all-packages --wheel --out-dir .whl --quiet
 python3 tools/device/missing_wheels.py .whl  # needs pip, which a uv venv lacks
+if [[ "${bench:-0}" == 1 ]]; then  # the benchmark's peers (tools/device/bench-peers.txt)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --dest .whl -r tools/device/bench-peers.txt
+fi
 size_kib=$(du -sk .whl | cut -f1)
 ls -1 .whl
 echo "prepare: .whl holds $((size_kib / 1024)) MiB (a device call carries at most 64 MiB in all)"
