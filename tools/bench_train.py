@@ -54,6 +54,10 @@ def repeated_dataset(source: Path, times: int, folder: Path) -> Path:
                     (folder / "labels" / split / f"{stem}.txt").symlink_to(label)
     yaml_path = folder / "data.yaml"
     yaml_path.write_text(f"path: {folder}\ntrain: images/train\nval: images/val\n{names}\n")
+    # the accuracy check: COCO128 once, train = val (an overfit, as in docs/training.md)
+    (folder / "overfit.yaml").write_text(
+        f"path: {folder}\ntrain: images/val\nval: images/val\n{names}\n"
+    )
     return yaml_path
 
 
@@ -153,8 +157,23 @@ def run_falconet(args) -> dict:
         deterministic=False,
         project=args.tmp,
         name="falconet",
+        **args.arm_keys,
     )
     result: dict = {}
+    if args.measure == "overfit":
+        overfit = args.data_yaml.with_name("overfit.yaml")
+        keys.update(
+            data=str(overfit),
+            val=True,
+            epochs=args.overfit_epochs,
+            val_interval=args.overfit_epochs,
+        )
+        summary = Trainer(plan_run(keys, plugins), plugins).fit()
+        return {
+            "map50_95": summary["metrics"]["AP"],
+            "map50": summary["metrics"]["AP50"],
+            "evaluator": "falconet (pycocotools numbers)",
+        }
     if args.measure == "e2e":
         clock = EpochClock()
         trainer = Trainer(plan_run(keys, plugins), plugins, [SimpleCallback(clock)])
@@ -228,6 +247,17 @@ def run_ultralytics(args) -> dict:
         verbose=False,
     )
     result: dict = {}
+    if args.measure == "overfit":  # val=False still validates the final epoch
+        data = str(args.data_yaml.with_name("overfit.yaml"))
+        trainer = DetectionTrainer(
+            overrides={**overrides, "data": data, "epochs": args.overfit_epochs}
+        )
+        trainer.train()
+        return {
+            "map50_95": float(trainer.metrics["metrics/mAP50-95(B)"]),
+            "map50": float(trainer.metrics["metrics/mAP50(B)"]),
+            "evaluator": "ultralytics",
+        }
     if args.measure == "e2e":
         clock = EpochClock()
         trainer = DetectionTrainer(overrides=overrides)
@@ -268,10 +298,11 @@ def run_libreyolo(args) -> dict:
         def on_train_epoch_end(self, event) -> None:
             clock.tick()
 
+    overfit = args.measure == "overfit"
     model = LibreYOLO9(model_path=None, size="t", nb_classes=80)
-    model.train(
-        data=str(args.data_yaml),
-        epochs=args.epochs,
+    out = model.train(
+        data=str(args.data_yaml.with_name("overfit.yaml") if overfit else args.data_yaml),
+        epochs=args.overfit_epochs if overfit else args.epochs,
         batch=args.batch,
         imgsz=args.imgsz,
         workers=args.workers,
@@ -282,11 +313,17 @@ def run_libreyolo(args) -> dict:
         callbacks=[Clock()],
         no_aug_epochs=0,
         cache="ram",
-        eval_interval=10**6,
+        eval_interval=args.overfit_epochs if overfit else 0,  # overfit: the last one only
     )
+    if overfit:
+        return {
+            "map50_95": out["best_mAP50_95"],
+            "map50": out["best_mAP50"],
+            "final_loss": out["final_loss"],
+            "evaluator": "libreyolo",
+        }
     clock.ends = clock.ends[1:]
-    images = 128 * args.repeat_data
-    return {"img_s": clock.throughput(images)}
+    return {"img_s": clock.throughput(128 * args.repeat_data)}
 
 
 ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": run_libreyolo}
@@ -294,9 +331,13 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 # ------------------------------------------------------------------------ orchestration
 def worker(args) -> None:
+    """One measurement; ``--worker`` is an arm, optionally with falconet keys after a colon
+    (``falconet:optimizer=adamw,lr0=0.002``: the recipe closest to a peer's)."""
     result = {"arm": args.worker, "batch": args.batch, "measure": args.measure}
+    name, _, extra = args.worker.partition(":")
+    args.arm_keys = dict(pair.split("=", 1) for pair in extra.split(",") if pair)
     try:
-        result.update(ARMS[args.worker](args))
+        result.update(ARMS[name](args))
     except Exception as exc:  # one failed arm must not lose the others' numbers
         result["error"] = f"{type(exc).__name__}: {exc}"
     print(MARK + json.dumps(result, default=str), flush=True)
@@ -330,6 +371,8 @@ def spawn(args, arm: str, batch: int, measure: str, data_yaml: Path, tmp: Path) 
         str(args.warmup),
         "--steps",
         str(args.steps),
+        "--overfit-epochs",
+        str(args.overfit_epochs),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     for line in done.stdout.splitlines():
@@ -351,25 +394,28 @@ def table(results: list[dict], arms: list[str], batches: list[int]) -> str:
 
     lines = [
         "| arm | batch | end-to-end img/s | vs Ultralytics | step ms | GPU busy | "
-        "kernels/step | syncs/step |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "kernels/step | syncs/step | overfit mAP50-95 | overfit mAP50 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for batch in batches:
         base = median("ultralytics", batch, "e2e", "img_s")
         for arm in arms:
             e2e = median(arm, batch, "e2e", "img_s")
-            ratio = f"{e2e / base:.2f}x" if e2e and base else "-"
             cells = [
-                median(arm, batch, "step", k)
-                for k in ("step_ms", "gpu_busy", "kernels_per_step", "syncs_per_step")
+                "-" if e2e is None else f"{e2e:.0f}",
+                f"{e2e / base:.2f}x" if e2e and base else "-",
             ]
-            shown = ["-" if c is None else f"{c:.3g}" for c in cells]
-            lines.append(
-                f"| {arm} | {batch} | {e2e:.0f} | {ratio} | "
-                if e2e
-                else f"| {arm} | {batch} | - | - | "
-            )
-            lines[-1] += " | ".join(shown) + " |"
+            for measure, key in [
+                ("step", "step_ms"),
+                ("step", "gpu_busy"),
+                ("step", "kernels_per_step"),
+                ("step", "syncs_per_step"),
+                ("overfit", "map50_95"),
+                ("overfit", "map50"),
+            ]:
+                value = median(arm, batch, measure, key)
+                cells.append("-" if value is None else f"{value:.3g}")
+            lines.append(f"| {arm} | {batch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -384,13 +430,16 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--amp", default="fp16", help="falconet's amp_dtype (peers use fp16)")
-    parser.add_argument("--measures", default="e2e,step")
+    parser.add_argument("--measures", default="e2e,step,overfit")
+    parser.add_argument(
+        "--overfit-epochs", type=int, default=30, help="accuracy: epochs of the COCO128 overfit"
+    )
     parser.add_argument("--warmup", type=int, default=20, help="isolated step: warm-up steps")
     parser.add_argument("--steps", type=int, default=100, help="isolated step: timed steps")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
     # worker mode (one measurement in this process)
-    parser.add_argument("--worker", choices=list(ARMS), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--measure", default="e2e", help=argparse.SUPPRESS)
     parser.add_argument("--data-yaml", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -408,8 +457,8 @@ def main() -> None:
         for batch in batches:
             for arm in order:
                 for measure in args.measures.split(","):
-                    if measure == "step" and arm == "libreyolo":
-                        continue
+                    if measure == "step" and arm.startswith("libreyolo"):
+                        continue  # its step is not reachable from outside its trainer
                     result = spawn(args, arm, batch, measure, data_yaml, tmp)
                     result["repeat"] = repeat
                     print(json.dumps(result, default=str), file=sys.stderr, flush=True)
