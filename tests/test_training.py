@@ -256,3 +256,26 @@ def test_plugin_graph_backend_and_callbacks_are_used(tiny_run, installed_falcone
     assert plugins.graph_backends.get("example-counting").calls == 6  # 2 epochs x 3 batches
     epoch = ["on_epoch_start"] + ["on_step_end"] * 3 + ["on_val_end", "on_epoch_end"]
     assert events == ["on_train_start", *epoch, *epoch, "on_train_end"]
+
+
+def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
+    tiny_run, tmp_path, caplog
+):
+    import logging
+
+    summary = Detector("yolo-n").train(**tiny_run, epochs=1)
+    best = Path(summary["run_dir"]) / "weights" / "best.pt"
+    two_classes = Path(tiny_run["data"]).with_name("two-classes.yaml")
+    two_classes.write_text(
+        "path: .\ntrain: images/train\nval: images/val\nnames: [circle, square]\n"
+    )
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        tuned = Detector(best).train(**{**tiny_run, "data": str(two_classes)}, epochs=1)
+    line = next(r.message for r in caplog.records if r.message.startswith("weights: "))
+    loaded, total = (int(n) for n in line.split()[1:4:2])
+    assert 0 < total - loaded <= 6 and "head.cls" in line  # only the class layers differ
+    state = load_checkpoint(Path(tuned["run_dir"]) / "weights" / "best.pt")
+    assert state["spec"]["names"] == ["circle", "square"]
+    start = load_checkpoint(best)["weights"]
+    stem = "stem.0.conv.weight"
+    assert state["weights"][stem].shape == start[stem].shape

@@ -81,6 +81,19 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def load_matching_weights(
+    module: torch.nn.Module, weights: dict[str, torch.Tensor]
+) -> tuple[int, list[str]]:
+    """Copy every tensor of ``weights`` whose name and shape match ``module``'s; returns how many
+    were copied and the names left out. Fine-tuning a checkpoint on data with other classes
+    keeps everything but the class-dependent head layers, as users of detection trainers expect.
+    """
+    own = module.state_dict()
+    matching = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    module.load_state_dict(matching, strict=False)
+    return len(matching), sorted(set(own) - set(matching))
+
+
 def rng_states() -> dict[str, Any]:
     """Every RNG a run draws from, as tensors and plain numbers (weights_only safe)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

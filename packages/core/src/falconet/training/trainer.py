@@ -33,7 +33,13 @@ from falconet.interfaces import DispatchContext
 from falconet.plugins import Plugins
 from falconet.training import validation
 from falconet.training.callbacks import CallbackList
-from falconet.training.checkpoint import FORMAT, restore_rng_states, rng_states, save_atomic
+from falconet.training.checkpoint import (
+    FORMAT,
+    load_matching_weights,
+    restore_rng_states,
+    rng_states,
+    save_atomic,
+)
 from falconet.training.components import (
     choose_dispatch,
     choose_precision,
@@ -73,7 +79,16 @@ class Trainer:
         self.spec = ModelSpec(plan.family.name, plan.model_name, tuple(self.dataset.names))
         model = self.family.build_model(plan.model_name, len(self.dataset.names))
         if plan.start_weights is not None:
-            model.load_state_dict(plan.start_weights)
+            loaded, left_out = load_matching_weights(model, plan.start_weights)
+            skipped = f" (left out, shapes differ: {', '.join(left_out[:6])}" + (
+                ", ...)" if len(left_out) > 6 else ")"
+            )
+            log.info(
+                "weights: %d of %d tensors from the starting checkpoint%s",
+                loaded,
+                loaded + len(left_out),
+                skipped if left_out else "",
+            )
         self.precision = choose_precision(cfg.amp_dtype, self.device, plugins)
         model = self.precision.wrap_model(model)
         self.model = model.to(self.device, memory_format=torch.channels_last)
