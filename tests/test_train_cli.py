@@ -63,6 +63,8 @@ def test_train_two_epochs_on_shapes_then_val_and_predict(falconet_cli, tiny_run,
         f"project={tmp_path / 'pred'}",
     )
     assert pred.returncode == 0, pred.stderr
+    bad = falconet_cli("predict", f"model={best_pt}", f"source={images}", "conf=high")
+    assert bad.returncode == 2 and "conf='high': expected float" in bad.stderr
     records = json.loads((tmp_path / "pred" / "exp" / "predictions.json").read_text())
     assert len(records) == 8
     assert all((tmp_path / "pred" / "exp" / Path(r["path"]).name).is_file() for r in records)

@@ -162,16 +162,24 @@ def predict(keys: tuple[str, ...]) -> None:
             + ", ".join(sorted(allowed - {"model", "source"}))
         )
 
+    def number(key: str, kind: type, default: Any) -> Any:
+        from falconet.training.config import ConfigError
+
+        try:
+            return kind(values[key]) if key in values else default
+        except ValueError:
+            raise ConfigError(f"{key}={values[key]!r}: expected {kind.__name__}") from None
+
     def action() -> Path:
         detector = Detector(values["model"])
         results = detector.predict(
             values["source"],
-            conf=float(values.get("conf", 0.25)),
-            iou=float(values.get("iou", 0.7)),
-            max_det=int(values.get("max_det", 300)),
-            imgsz=int(values["imgsz"]) if "imgsz" in values else None,
+            conf=number("conf", float, 0.25),
+            iou=number("iou", float, 0.7),
+            max_det=number("max_det", int, 300),
+            imgsz=number("imgsz", int, None),
             device=values.get("device", "auto"),
-            batch=int(values.get("batch", 16)),
+            batch=number("batch", int, 16),
         )
         folder = new_run_dir(
             values.get("project", "runs/predict"), values.get("name", "exp"), weights=False
