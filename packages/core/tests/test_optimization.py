@@ -77,3 +77,11 @@ def test_ema_follows_weights_with_a_ramped_decay_and_copies_integer_buffers():
     torch.testing.assert_close(ema.module[0].weight, d * start + (1 - d) * net[0].weight)
     assert int(ema.module[1].num_batches_tracked) == 5
     assert not any(p.requires_grad for p in ema.module.parameters())
+
+
+def test_adamw_bias_warm_up_starts_no_higher_than_lr0():
+    cfg = build_config({"optimizer": "adamw", "lr0": 0.002, "warmup_bias_lr": 0.1, "epochs": 10})
+    optimizer = build_optimizer(_net(), cfg, accumulate=1)
+    Schedule(cfg, steps_per_epoch=20).apply(optimizer, step=0, epoch=0)
+    assert optimizer.param_groups[2]["lr"] == pytest.approx(0.002)
+    assert optimizer.param_groups[0]["betas"][0] == pytest.approx(0.8)

@@ -79,9 +79,14 @@ class Schedule:
         cfg, target = self.cfg, self.cfg.lr0 * self.decay(epoch)
         warming = step < self.warmup_steps
         t = step / self.warmup_steps if warming else 1.0
+        # Adam's step is about lr whatever the gradient, so a bias warm-up from 0.1 (right for
+        # SGD) would move every bias by 0.1 a step; under AdamW it starts at most at lr0
+        bias_start = (
+            cfg.warmup_bias_lr if cfg.optimizer == "sgd" else min(cfg.warmup_bias_lr, target)
+        )
         for group in optimizer.param_groups:
             if warming:
-                start = cfg.warmup_bias_lr if group["kind"] == "bias" else 0.0
+                start = bias_start if group["kind"] == "bias" else 0.0
                 group["lr"] = start + (target - start) * t
             else:
                 group["lr"] = target
