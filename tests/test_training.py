@@ -279,3 +279,37 @@ def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
     start = load_checkpoint(best)["weights"]
     stem = "stem.0.conv.weight"
     assert state["weights"][stem].shape == start[stem].shape
+
+
+def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_falconet_plugins):
+    """A profiler's view of the loop: phases in order, never nested, optimizer and EMA only on
+    the steps that update the weights (here every 2nd batch and the epoch's last)."""
+    from contextlib import contextmanager
+
+    from falconet.training.phases import NO_PHASES, PHASES
+
+    seen: list[str] = []
+    depth = [0]
+
+    @contextmanager
+    def recorder(name):
+        assert depth[0] == 0, f"{name} entered inside another phase"
+        depth[0] += 1
+        seen.append(name)
+        yield
+        depth[0] -= 1
+
+    class Install:
+        name = "install"
+
+        def on_train_start(self, trainer):
+            assert trainer.phases is NO_PHASES
+            trainer.phases = recorder
+
+    plan = plan_run({**tiny_run, "epochs": 1, "nbs": 16, "val": False},
+                    installed_falconet_plugins)
+    Trainer(plan, installed_falconet_plugins, [Install()]).fit()
+    batch = ["data", "to-device", "forward", "loss", "backward"]
+    update = ["optimizer", "ema"]
+    assert seen == batch + batch + update + batch + update  # 3 batches, accumulate 2
+    assert set(seen) == set(PHASES)

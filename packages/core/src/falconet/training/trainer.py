@@ -2,7 +2,8 @@
 
 A step runs in the phases of the design: fetch batch, host-to-device, network (through the
 graph backend, under the precision backend's autocast), loss (assign + criterion), backward,
-optimizer (unscale, clip, step), EMA. Nothing in a step reads a device value back to the host;
+optimizer (unscale, clip, step), EMA, each inside ``self.phases(name)`` (the profiler's seam,
+:mod:`falconet.training.phases`). Nothing in a step reads a device value back to the host;
 losses and the non-finite counter are summed on the device and read every ``log_interval``
 batches and at the end of an epoch.
 
@@ -49,6 +50,7 @@ from falconet.training.components import (
 )
 from falconet.training.config import format_value
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
+from falconet.training.phases import NO_PHASES
 from falconet.training.setup import ModelSpec, Plan, build_loaders
 
 log = logging.getLogger("falconet.train")
@@ -114,6 +116,7 @@ class Trainer:
         self.best_eval: EvalResult | None = None
         self.stop_reason = ""
         self.callbacks = CallbackList(callbacks)
+        self.phases = NO_PHASES  # a profiler swaps in a timer for its window (phases.py)
         if plan.resume_state is not None:
             self.run_dir = plan.resume_path.resolve().parent.parent
             self._restore(plan.resume_state)
@@ -165,9 +168,13 @@ class Trainer:
         sums = good = bad_run = worst = None
         names: list[str] = []
         start, images_seen = time.perf_counter(), 0
-        for i, batch in enumerate(self.train_loader):
-            images = batch["images"].to(device, non_blocking=True).float().div_(255)
-            targets = {k: batch[k].to(device, non_blocking=True) for k in TARGET_KEYS}
+        batches = iter(self.train_loader)
+        for i in range(self.steps_in_epoch):
+            with self.phases("data"):
+                batch = next(batches)
+            with self.phases("to-device"):
+                images = batch["images"].to(device, non_blocking=True).float().div_(255)
+                targets = {k: batch[k].to(device, non_blocking=True) for k in TARGET_KEYS}
             step_now = (i + 1) % self.accumulate == 0 or i + 1 == self.steps_in_epoch
             loss, parts = self.train_batch(images, targets, optimizer_step=step_now)
             # bookkeeping on the device: sums of finite losses and the non-finite run length
@@ -200,32 +207,36 @@ class Trainer:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward, loss and backward of one batch on the device; then, if ``optimizer_step``,
         the optimizer step and EMA update. Returns the loss and its parts (device tensors)."""
-        with self.precision.autocast(self.device):
+        with self.phases("forward"), self.precision.autocast(self.device):
             outputs = self.network(images)
-        loss, parts = self.loss_fn(outputs, targets)
-        scaled = loss * self.cfg.batch
-        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        with self.phases("loss"):
+            loss, parts = self.loss_fn(outputs, targets)
+        with self.phases("backward"):
+            scaled = loss * self.cfg.batch
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if optimizer_step:
             self._optimizer_step()
         return loss, parts
 
     def _optimizer_step(self) -> None:
-        self.schedule.apply(self.optimizer, self.step, self.epoch)
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        if self.cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.cfg.clip_grad, foreach=True
-            )
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        if self.ema is not None:
-            self.ema.update(self.model)
+        with self.phases("optimizer"):
+            self.schedule.apply(self.optimizer, self.step, self.epoch)
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            if self.cfg.clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.cfg.clip_grad, foreach=True
+                )
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+        with self.phases("ema"):
+            if self.ema is not None:
+                self.ema.update(self.model)
 
     def _read_log(self, names, sums, good, worst, images_seen, start) -> None:
         """The one host read of a log interval: mean losses so far and the non-finite count."""
