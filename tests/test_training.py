@@ -306,8 +306,7 @@ def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_fa
             assert trainer.phases is NO_PHASES
             trainer.phases = recorder
 
-    plan = plan_run({**tiny_run, "epochs": 1, "nbs": 16, "val": False},
-                    installed_falconet_plugins)
+    plan = plan_run({**tiny_run, "epochs": 1, "nbs": 16, "val": False}, installed_falconet_plugins)
     Trainer(plan, installed_falconet_plugins, [Install()]).fit()
     batch = ["data", "to-device", "forward", "loss", "backward"]
     update = ["optimizer", "ema"]
