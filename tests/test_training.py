@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from falconet import Detector
+from falconet.training.callbacks import EVENTS
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.config import ConfigError
 from falconet.training.setup import plan_run
@@ -234,14 +235,7 @@ def test_plugin_graph_backend_and_callbacks_are_used(tiny_run, installed_falcone
         name, summary = "recorder", "records the events it sees"
 
         def __init__(self, **options):
-            for event in (
-                "on_train_start",
-                "on_epoch_start",
-                "on_step_end",
-                "on_val_end",
-                "on_epoch_end",
-                "on_train_end",
-            ):
+            for event in EVENTS:
                 setattr(self, event, lambda trainer, *args, e=event: events.append(e))
 
     plugins.add_plugin(

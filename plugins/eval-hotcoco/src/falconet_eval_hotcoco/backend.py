@@ -18,12 +18,10 @@ from typing import Any
 import numpy as np
 
 from falconet.evaluation.contract import (
-    STAT_KEYS,
     Detections,
     EvalResult,
     GroundTruth,
-    per_class_from_precision,
-    pr_curve_from_precision,
+    result_from_cocoeval,
 )
 from falconet.evaluation.evaluate import require_library
 
@@ -90,16 +88,10 @@ class HotcocoBackend:
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summary_lines()  # fills .stats without printing
-        precision = np.asarray(evaluator.eval["precision"])
-        names = ground_truth.names_by_sorted_id()
-        ap, ap50 = per_class_from_precision(precision, names)
-        return EvalResult(
-            stats=dict(
-                zip(STAT_KEYS, np.asarray(evaluator.stats, dtype=float).tolist(), strict=True)
-            ),
-            per_class_ap=ap,
-            per_class_ap50=ap50,
-            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
-            backend=self.name,
-            backend_version=str(hotcoco.__version__),
+        return result_from_cocoeval(
+            evaluator.stats,
+            evaluator.eval["precision"],
+            ground_truth.names_by_sorted_id(),
+            self.name,
+            str(hotcoco.__version__),
         )

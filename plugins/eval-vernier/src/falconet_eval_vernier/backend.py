@@ -17,12 +17,10 @@ from typing import Any
 import numpy as np
 
 from falconet.evaluation.contract import (
-    STAT_KEYS,
     Detections,
     EvalResult,
     GroundTruth,
-    per_class_from_precision,
-    pr_curve_from_precision,
+    result_from_cocoeval,
 )
 from falconet.evaluation.evaluate import require_library
 
@@ -91,14 +89,10 @@ class VernierBackend:
         )
         accumulated = grid.accumulate(MAX_DETS)
         stats = accumulated.summarize(MAX_DETS).stats
-        precision = np.asarray(accumulated.precision)
-        names = ground_truth.names_by_sorted_id()
-        ap, ap50 = per_class_from_precision(precision, names)
-        return EvalResult(
-            stats=dict(zip(STAT_KEYS, (float(s) for s in stats), strict=True)),
-            per_class_ap=ap,
-            per_class_ap50=ap50,
-            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
-            backend=self.name,
-            backend_version=self.version(),
+        return result_from_cocoeval(
+            stats,
+            accumulated.precision,
+            ground_truth.names_by_sorted_id(),
+            self.name,
+            self.version(),
         )

@@ -190,6 +190,24 @@ class EvalResult:
         }
 
 
+def result_from_cocoeval(
+    stats: Any, precision: Any, names: tuple[str, ...], backend: str, version: str
+) -> EvalResult:
+    """The :class:`EvalResult` of a COCOeval-style run, whatever library made it: its 12
+    ``stats`` in pycocotools' order and its precision array ``[T, R, K, A, M]`` (categories in
+    ascending id order, named by ``names``), giving per-class AP, AP50 and the PR curve."""
+    precision = np.asarray(precision)
+    ap, ap50 = per_class_from_precision(precision, names)
+    return EvalResult(
+        stats=dict(zip(STAT_KEYS, np.asarray(stats, dtype=float).tolist(), strict=True)),
+        per_class_ap=ap,
+        per_class_ap50=ap50,
+        extra={"pr_curve50": pr_curve_from_precision(precision, names)},
+        backend=backend,
+        backend_version=version,
+    )
+
+
 def per_class_from_precision(
     precision: np.ndarray, names: tuple[str, ...]
 ) -> tuple[dict[str, float], dict[str, float]]:

@@ -13,12 +13,10 @@ import io
 from importlib.metadata import version
 
 from falconet.evaluation.contract import (
-    STAT_KEYS,
     Detections,
     EvalResult,
     GroundTruth,
-    per_class_from_precision,
-    pr_curve_from_precision,
+    result_from_cocoeval,
 )
 
 
@@ -43,16 +41,12 @@ class PycocotoolsBackend:
             evaluator.evaluate()
             evaluator.accumulate()
             evaluator.summarize()
-        precision = evaluator.eval["precision"]
-        names = ground_truth.names_by_sorted_id()
-        ap, ap50 = per_class_from_precision(precision, names)
-        return EvalResult(
-            stats=dict(zip(STAT_KEYS, (float(s) for s in evaluator.stats), strict=True)),
-            per_class_ap=ap,
-            per_class_ap50=ap50,
-            extra={"pr_curve50": pr_curve_from_precision(precision, names)},
-            backend=self.name,
-            backend_version=self.version(),
+        return result_from_cocoeval(
+            evaluator.stats,
+            evaluator.eval["precision"],
+            ground_truth.names_by_sorted_id(),
+            self.name,
+            self.version(),
         )
 
 
