@@ -46,7 +46,7 @@ class Detector:
             TensorBoardLogger,
             tensorboard_available,
         )
-        from falconet.training.setup import plan_run
+        from falconet.training.setup import callback_names, plan_run
         from falconet.training.trainer import Trainer
 
         base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
@@ -56,7 +56,7 @@ class Detector:
             callbacks.append(PlotWriter())
         if tensorboard_available():
             callbacks.append(TensorBoardLogger())
-        callbacks += [self.plugins.callbacks.get(name)() for name in plan.config.callbacks]
+        callbacks += [self.plugins.callbacks.get(name)() for name in callback_names(plan.config)]
         trainer = Trainer(plan, self.plugins, callbacks)
         summary = trainer.fit()
         best = Path(summary["run_dir"]) / "weights" / "best.pt"

@@ -116,16 +116,22 @@ class Registry(Generic[T]):
             for claimed in (entry.name, *entry.aliases):
                 self._index.pop(claimed, None)
 
-    def entry(self, name: str) -> Entry[T]:
-        """The entry registered under ``name`` or one of its aliases."""
+    def entry(self, name: str, *, selector: str | None = None) -> Entry[T]:
+        """The entry registered under ``name`` or one of its aliases.
+
+        :param selector: what the user wrote that asked for ``name``, when it was not
+            ``key=name`` (``profile=true`` asks for the callback ``profiler``); the error for a
+            missing name then speaks of it.
+        """
         try:
             return self._entries[self._index[name]]
         except KeyError:
-            raise UnknownNameError(self._unknown_message(name)) from None
+            raise UnknownNameError(self._unknown_message(name, selector)) from None
 
-    def get(self, name: str) -> T:
-        """The item registered under ``name`` or one of its aliases."""
-        return self.entry(name).item
+    def get(self, name: str, *, selector: str | None = None) -> T:
+        """The item registered under ``name`` or one of its aliases (``selector``: see
+        :meth:`entry`)."""
+        return self.entry(name, selector=selector).item
 
     def names(self, *, with_aliases: bool = False) -> list[str]:
         """Sorted names (and aliases, when asked)."""
@@ -144,10 +150,13 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _unknown_message(self, name: str) -> str:
+    def _unknown_message(self, name: str, selector: str | None = None) -> str:
         available = self.names(with_aliases=True)
-        lines = [f"{self.key}={name}: no {self.label} named {name!r} is installed."]
+        asked = selector or f"{self.key}={name}"
+        lines = [f"{asked}: no {self.label} named {name!r} is installed."]
         hint = self.missing_hint(self, name) if self.missing_hint else None
+        if hint and selector:
+            hint = hint.replace(f"{self.key}={name}", selector)
         if hint:
             lines.append(hint)
         close = difflib.get_close_matches(name, available, n=1)

@@ -89,6 +89,8 @@ def train(keys: tuple[str, ...]) -> None:
 
 def _summary_table(summary: dict[str, Any]) -> str:
     lines = [f"run folder: {summary['run_dir']}"]
+    if summary.get("stop_reason"):
+        lines.append(summary["stop_reason"])
     metrics = summary["metrics"]
     if metrics:
         lines.append(

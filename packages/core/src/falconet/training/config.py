@@ -6,8 +6,8 @@ in four layers, lowest first: the defaults below, the model family's recipe
 (``ModelFamily.default_recipe``), the dataset's ``train_defaults:`` (a mapping a data yaml may
 hold, such as the built-in ``shapes`` set's small image size), and what the user passes.
 Names that plugins provide (``amp_dtype``, ``graph``, ``assigner``, ``eval_backend``,
-``callbacks``) are checked against the registries when the run is set up, so a missing plugin
-is reported with its install command.
+``callbacks``, and the ``profiler`` callback behind ``profile``) are checked against the
+registries when the run is set up, so a missing plugin is reported with its install command.
 """
 
 from __future__ import annotations
@@ -110,6 +110,17 @@ class TrainConfig(BaseModel):
     plots: bool = Field(True, description="write PNG plots in the run folder")
     callbacks: list[str] = Field(
         default_factory=list, description="extra registered callbacks, comma separated"
+    )
+    # profiling (falconet-profiler, docs/profiling.md)
+    profile: bool = Field(
+        False, description="measure a window of steps and say why a step is slow (profiler)"
+    )
+    profile_warmup: int = Field(5, ge=0, description="profile: batches run and discarded first")
+    profile_steps: int = Field(
+        20, ge=2, description="profile: batches measured (half unsynchronised, half synchronised)"
+    )
+    profile_then_stop: bool = Field(
+        False, description="profile: end the run after the window, saving no partial epoch"
     )
 
     @field_validator("imgsz")

@@ -28,6 +28,8 @@ from falconet.training.components import latest_checkpoint
 from falconet.training.config import ConfigError, TrainConfig, build_config, check_keys
 
 RESUME_OVERRIDES = ("device", "workers", "resume")
+PROFILER_CALLBACK = "profiler"
+"""The callback ``profile=true`` adds (registered by falconet-profiler)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,16 @@ def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
         plugins.eval_backends.get(config.eval_backend)
     for name in config.callbacks:
         plugins.callbacks.get(name)
+    if config.profile:
+        plugins.callbacks.get(PROFILER_CALLBACK, selector="profile=true")
+
+
+def callback_names(config: TrainConfig) -> list[str]:
+    """The registered callbacks a run adds: ``callbacks``, and ``profiler`` when ``profile``."""
+    names = list(config.callbacks)
+    if config.profile and PROFILER_CALLBACK not in names:
+        names.append(PROFILER_CALLBACK)
+    return names
 
 
 def _plan_resume(keys: Mapping[str, Any], plugins: Plugins) -> Plan:

@@ -115,6 +115,7 @@ class Trainer:
         self.last_eval: EvalResult | None = None
         self.best_eval: EvalResult | None = None
         self.stop_reason = ""
+        self._stop_after_batch = False  # request_stop: end the run after the current batch
         self.callbacks = CallbackList(callbacks)
         self.phases = NO_PHASES  # a profiler swaps in a timer for its window (phases.py)
         if plan.resume_state is not None:
@@ -147,20 +148,35 @@ class Trainer:
             for epoch in range(self.epoch, self.cfg.epochs):
                 self.epoch = epoch
                 row = self._train_epoch()
+                if row is None:  # request_stop inside the epoch: nothing of it is saved
+                    break
                 row.update(self._validate_if_due())
                 self.epoch = epoch + 1
                 self.callbacks.fire("on_epoch_end", self, row)
                 self._save()
                 if self.stop_reason:
-                    log.info("%s", self.stop_reason)
                     break
+            if self.stop_reason:
+                log.info("%s", self.stop_reason)
             self.callbacks.fire("on_train_end", self)
         except BaseException as exc:
             self.callbacks.fire("on_exception", self, exc)
             raise
         return self.summary()
 
-    def _train_epoch(self) -> dict[str, Any]:
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current batch (a callback calls it from ``on_step_end``).
+
+        Inside an epoch, the partial epoch is neither validated nor saved, so no checkpoint
+        claims an epoch that did not finish; after an epoch's last batch the epoch ends as
+        usual. ``reason`` is logged and returned in the summary as ``stop_reason``.
+        """
+        self.stop_reason = reason
+        self._stop_after_batch = True
+
+    def _train_epoch(self) -> dict[str, Any] | None:
+        """One epoch of training; its results.csv row, or ``None`` when :meth:`request_stop`
+        ended it early."""
         cfg, device = self.cfg, self.device
         self.train_loader.sampler.set_epoch(self.epoch)
         self.model.train()
@@ -193,6 +209,8 @@ class Trainer:
             if (i + 1) % cfg.log_interval == 0 or i + 1 == self.steps_in_epoch:
                 self._read_log(names, sums, good, worst, images_seen, start)
             self.callbacks.fire("on_step_end", self)
+            if self._stop_after_batch and i + 1 < self.steps_in_epoch:
+                return None
         self._check_weights_finite()
         seconds = time.perf_counter() - start
         row: dict[str, Any] = {"epoch": self.epoch + 1}
@@ -379,4 +397,5 @@ class Trainer:
             "per_class_ap50": dict(best.per_class_ap50) if best else {},
             "graph": self.graph,
             "precision": self.precision.name,
+            "stop_reason": self.stop_reason,
         }
