@@ -1,0 +1,302 @@
+"""The ``profiler`` callback that ``profile=true`` adds to a run.
+
+It counts batches from the start of the run. After ``profile_warmup`` discarded batches it
+swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases`` and, on CUDA,
+starts torch.profiler; it measures ``profile_steps`` batches (first half unsynchronised,
+second half synchronised around each phase), then restores ``trainer.phases``, stops the
+profiler, writes the artifacts into the run folder, logs the report and lets training go on,
+or, with ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
+When ``profile`` is off the callback is not in the run at all.
+
+Distributed runs: rank 0 profiles; the other ranks count the same batches without timing
+anything, so with ``profile_then_stop`` every rank stops after the same batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from falconet_profiler.window import BatchRecord, PhaseClock, Window, half_timing
+
+if TYPE_CHECKING:
+    from falconet.training.trainer import Trainer
+
+log = logging.getLogger("falconet.profile")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Profiler:
+    """Callback factory and callback: ``Profiler()`` is added by ``profile=true``.
+
+    :param rank: this process's rank (default: torch.distributed's, else 0); only rank 0
+        measures and writes.
+    """
+
+    name = "profiler"
+    summary = "profile=true: times a window of training steps and says why a step is slow"
+
+    def __init__(self, *, rank: int | None = None, **options: Any) -> None:
+        self.forced_rank = rank
+        self.active = False
+        self.records: list[BatchRecord] = []
+
+    # ------------------------------------------------------------------------- callbacks
+    def on_train_start(self, trainer: Trainer) -> None:
+        cfg = trainer.cfg
+        self.window = Window(cfg.profile_warmup, cfg.profile_steps)
+        rank, self.world_size = _rank_and_world()
+        self.rank = rank if self.forced_rank is None else self.forced_rank
+        self.measuring = self.rank == 0
+        if not self.measuring:
+            log.info("profiler: rank %d does not profile; rank 0 does", self.rank)
+        self.cuda = trainer.device.type == "cuda"
+        self.original_phases = trainer.phases
+        self.clock = PhaseClock()
+        self.seen = 0
+        self.switched = False
+        self.active = True
+        self.torch_profiler = None
+        self.memory: list[dict[str, Any]] = []
+        self._prepare(trainer)
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if not self.active:
+            return
+        if self.measuring and self.clock.batch is not None:
+            record = self.clock.end_batch()
+            record.epoch, record.batch_in_epoch = trainer.epoch, trainer.batch_in_epoch
+            record.images = _images_in(trainer, trainer.batch_in_epoch)
+            self.records.append(record)
+        self.seen += 1
+        if self.window.part(self.seen) == "after":
+            self._finish(trainer)
+        else:
+            self._prepare(trainer)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if not self.active:
+            return
+        measured = sum(r.part == "unsynced" for r in self.records)
+        log.warning(
+            "profiler: the run ended after %d of the window's %d batches (%d discarded + %d "
+            "measured)%s",
+            self.seen,
+            self.window.end,
+            self.window.warmup,
+            self.window.steps,
+            "; reporting the batches measured" if measured else "; nothing to report",
+        )
+        self._finish(trainer, write=measured > 0)
+
+    def on_exception(self, trainer: Trainer, exc: BaseException) -> None:
+        if self.active:
+            self._finish(trainer, write=False)
+
+    # ---------------------------------------------------------------------------- window
+    def _prepare(self, trainer: Trainer) -> None:
+        """Before batch ``self.seen``: start the window, switch halves, open its record."""
+        part = self.window.part(self.seen)
+        if part == "warmup" or not self.measuring:
+            return
+        if self.seen == self.window.warmup:
+            self._start(trainer)
+        if part == "synced" and not self.switched:
+            self.switched = True
+            self._memory_snapshot(trainer)
+            if self.cuda:
+                import torch
+
+                self.clock.synchronize = torch.cuda.synchronize
+        self.clock.batch = BatchRecord(self.seen, part)
+
+    def _start(self, trainer: Trainer) -> None:
+        trainer.phases = self.clock
+        if not self.cuda:
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        torch.cuda.synchronize(trainer.device)
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+        self._memory_snapshot(trainer)
+        self.torch_profiler = profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            record_shapes=False,
+            profile_memory=False,
+            with_stack=False,
+        )
+        self.torch_profiler.__enter__()
+        self.clock.annotate = record_function
+
+    def _memory_snapshot(self, trainer: Trainer) -> None:
+        if self.cuda:
+            import torch
+
+            self.memory.append(torch.cuda.memory_stats(trainer.device))
+
+    def _finish(self, trainer: Trainer, *, write: bool = True) -> None:
+        self.active = False
+        trainer.phases = self.original_phases
+        self.clock.batch = None
+        trace_path = Path(trainer.run_dir) / "profile_trace.json"
+        gpu = None
+        if self.torch_profiler is not None:
+            import torch
+
+            torch.cuda.synchronize(trainer.device)
+            self._memory_snapshot(trainer)
+            self.torch_profiler.__exit__(None, None, None)
+            if write:
+                from falconet_profiler.trace import analyse, load_trace
+
+                self.torch_profiler.export_chrome_trace(str(trace_path))
+                gpu = analyse(load_trace(trace_path))
+            self.torch_profiler = None
+        if write and self.measuring:
+            self._write(trainer, gpu, trace_path)
+        if trainer.cfg.profile_then_stop and self.seen >= self.window.end:
+            trainer.request_stop(
+                f"stopped after profiling (profile_then_stop=true): {self.window.end} batches, "
+                f"see {Path(trainer.run_dir) / 'profile.json'}"
+            )
+
+    def _write(self, trainer: Trainer, gpu: dict[str, Any] | None, trace_path: Path) -> None:
+        from falconet_profiler.report import format_report, write_artifacts, write_json
+        from falconet_profiler.trace import host_trace
+
+        doc = self.document(trainer, gpu)
+        if gpu is None:
+            write_json(trace_path, host_trace(doc["batches"]))
+        write_artifacts(Path(trainer.run_dir), doc)
+        log.info("%s", format_report(doc, Path(trainer.run_dir)))
+
+    # -------------------------------------------------------------------------- document
+    def document(self, trainer: Trainer, gpu: dict[str, Any] | None) -> dict[str, Any]:
+        """``profile.json`` for this run's window (see :mod:`falconet_profiler.report`)."""
+        import torch
+
+        from falconet import __version__
+        from falconet_profiler import SCHEMA
+        from falconet_profiler.report import KIND, evidence_of
+        from falconet_profiler.trials import with_trials
+        from falconet_profiler.verdict import Context, decide
+
+        cfg = trainer.cfg
+        fast = [r for r in self.records if r.part == "unsynced"]
+        slow = [r for r in self.records if r.part == "synced"]
+        unsynced = half_timing(fast, trainer.accumulate)
+        synced = half_timing(slow, trainer.accumulate)
+        memory = self._memory_figures(trainer, len(fast))
+        lanes = gpu.pop("lanes", None) if gpu else None
+        if gpu and synced["phases"]:
+            for name, ms in gpu.get("phase_gpu_ms", {}).items():
+                if name in synced["phases"]:
+                    synced["phases"][name]["gpu_ms_per_batch"] = ms
+        evidence = evidence_of(unsynced, gpu, memory)
+        plugins = trainer.plugins
+        context = Context(
+            device=trainer.device.type,
+            graph=trainer.graph,
+            precision=trainer.precision.name,
+            batch=cfg.batch,
+            workers=cfg.workers,
+            cache=cfg.cache,
+            cpu_count=os.cpu_count() or 1,
+            graphs=frozenset(plugins.graph_backends.names(with_aliases=True)),
+            precisions=frozenset(plugins.precision_backends.names(with_aliases=True)),
+        )
+        origin = self.records[0].start if self.records else 0
+        device_name = (
+            torch.cuda.get_device_name(trainer.device) if self.cuda else platform.processor()
+        )
+        doc = {
+            "schema": SCHEMA,
+            "kind": KIND,
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "versions": {
+                "falconet": __version__,
+                "falconet-profiler": _version(),
+                "torch": str(torch.__version__),
+                "cuda": torch.version.cuda,
+            },
+            "run": {
+                "run_dir": str(trainer.run_dir),
+                "model": trainer.spec.model,
+                "data": cfg.data,
+                "device": trainer.device.type,
+                "device_name": device_name or trainer.device.type,
+                "precision": trainer.precision.name,
+                "graph": trainer.graph,
+                "batch": cfg.batch,
+                "imgsz": cfg.imgsz,
+                "workers": cfg.workers,
+                "cache": cfg.cache,
+                "accumulate": trainer.accumulate,
+                "world_size": self.world_size,
+                "rank": self.rank,
+            },
+            "window": {
+                "warmup": self.window.warmup,
+                "steps": self.window.steps,
+                "unsynced": len(fast),
+                "synced": len(slow),
+                "complete": self.seen >= self.window.end,
+            },
+            "unsynced": unsynced,
+            "synced": synced,
+            "gpu": gpu,
+            "memory": memory,
+            "evidence": evidence,
+            "verdict": decide(evidence, context),
+            "batches": [r.to_json(origin) for r in self.records],
+            "lanes": lanes,
+        }
+        return with_trials(doc)
+
+    def _memory_figures(self, trainer: Trainer, fast_batches: int) -> dict[str, Any] | None:
+        """Allocator figures of the unsynchronised half (snapshots at the window's start and
+        at the switch) and the window's peaks; ``None`` on the CPU."""
+        if not self.cuda or len(self.memory) < 2:
+            return None
+        import torch
+
+        first, switch = self.memory[0], self.memory[1]
+        total = torch.cuda.get_device_properties(trainer.device).total_memory
+        reserved = torch.cuda.max_memory_reserved(trainer.device)
+        mallocs = switch.get("segment.all.allocated", 0) - first.get("segment.all.allocated", 0)
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(trainer.device) / 2**30,
+            "peak_reserved_gib": reserved / 2**30,
+            "device_total_gib": total / 2**30,
+            "peak_reserved_fraction": reserved / total,
+            "alloc_retries": switch.get("num_alloc_retries", 0) - first.get("num_alloc_retries", 0),
+            "cuda_malloc_per_step": mallocs / max(fast_batches, 1),
+        }
+
+
+def _images_in(trainer: Trainer, batch_in_epoch: int) -> int:
+    """Images in the epoch's ``batch_in_epoch``-th batch (the last one may be short)."""
+    size = len(trainer.train_loader.sampler)
+    batch = trainer.cfg.batch
+    return max(0, min(batch, size - (batch_in_epoch - 1) * batch))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("falconet-profiler")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,282 @@
+"""Kernel figures from a Chrome trace as torch.profiler exports it (Kineto's JSON).
+
+The profiler callback wraps each measured batch in a ``falconet/batch <index> <part>`` range
+and each phase in ``falconet/<phase>`` (``user_annotation`` events on the host). A GPU event
+(``kernel``, ``gpu_memcpy``, ``gpu_memset``) belongs to the batch whose range holds the host
+call that launched it (matched through ``args.correlation``; the event's own start when the
+launch is missing). Everything here is a pure function of the trace, so it is tested on
+synthetic traces.
+
+Heuristics, stated once: a host synchronisation is a call named in :data:`SYNC_CALLS`; a
+device allocation one in :data:`MALLOC_CALLS`; a kernel runs on Tensor Cores when its name
+holds one of :data:`TENSOR_CORE_MARKS` (cuBLAS/cuDNN/CUTLASS name their MMA kernels so).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+SYNC_CALLS = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "cudaStreamQuery",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+    }
+)
+MALLOC_CALLS = frozenset(
+    {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate"}
+)
+LAUNCH_CALLS = frozenset(
+    {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
+)
+TENSOR_CORE_MARKS = (
+    "hmma",
+    "xmma",
+    "wgmma",
+    "tensorop",
+    "nvjet",
+    "s16816",
+    "h16816",
+    "s1688",
+    "h1688",
+    "s884",
+    "h884",
+    "i8816",
+    "tf32",
+    "_tc_",
+    "triton_tem_fused_mm",
+    "triton_tem_fused_addmm",
+    "triton_tem_fused_convolution",
+)
+BATCH_LABEL = re.compile(r"^falconet/batch (\d+) (unsynced|synced)$")
+PHASE_PREFIX = "falconet/"
+LANE_BATCHES = 2
+"""How many unsynchronised batches the kernel lanes of ``timeline.html`` show."""
+LANE_CAP = 20000
+LANE_KINDS = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "memsets"}
+
+Launched = tuple[dict[str, Any], float]
+"""A GPU event and the host time (µs) of the call that launched it."""
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def is_tensor_core(name: str) -> bool:
+    lowered = name.lower()
+    return any(mark in lowered for mark in TENSOR_CORE_MARKS)
+
+
+def _union_ms(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    """Milliseconds covered by the union of ``(start, end)`` microsecond intervals, clipped."""
+    covered, reach = 0.0, lo
+    for start, end in sorted(intervals):
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            covered += end - start
+            reach = end
+    return covered / 1000
+
+
+def analyse(trace: dict[str, Any]) -> dict[str, Any] | None:
+    """Kernel figures of the measured batches, or ``None`` when the trace holds no GPU event.
+
+    Per step figures (``kernels_per_step``, ``gpu_busy``, ``host_syncs_per_step``, ...) come
+    from the unsynchronised batches only; ``top_kernels`` and ``tensor_core_share`` from every
+    measured batch; ``phase_gpu_ms`` (kernel time per phase) from the synchronised ones.
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    batches: list[tuple[float, float, int, str]] = []
+    phase_spans: list[tuple[float, float, str]] = []
+    gpu: list[dict[str, Any]] = []
+    runtime: list[dict[str, Any]] = []
+    for event in events:
+        category, name = str(event.get("cat", "")).lower(), event.get("name", "")
+        if category == "user_annotation" and name.startswith(PHASE_PREFIX):
+            found = BATCH_LABEL.match(name)
+            start, end = float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0))
+            if found:
+                batches.append((start, end, int(found.group(1)), found.group(2)))
+            else:
+                phase_spans.append((start, end, name.removeprefix(PHASE_PREFIX)))
+        elif category in GPU_CATEGORIES:
+            gpu.append({**event, "cat": category})
+        elif category in RUNTIME_CATEGORIES:
+            runtime.append(event)
+    if not gpu or not batches:
+        return None
+    batches.sort()
+    starts = [b[0] for b in batches]
+    launched_at = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in runtime
+        if "correlation" in e.get("args", {})
+    }
+
+    def batch_of(ts: float) -> tuple[float, float, int, str] | None:
+        at = bisect.bisect_right(starts, ts) - 1
+        if at >= 0 and ts <= batches[at][1]:
+            return batches[at]
+        return None
+
+    unsynced = [b for b in batches if b[3] == "unsynced"]
+    synced_count = len(batches) - len(unsynced)
+    per_half: dict[str, list[Launched]] = {"unsynced": [], "synced": []}
+    for event in gpu:
+        correlation = event.get("args", {}).get("correlation")
+        launch = launched_at.get(correlation, float(event["ts"]))
+        owner = batch_of(launch)
+        if owner is not None:
+            per_half[owner[3]].append((event, launch))
+    calls = {"unsynced": {}, "synced": {}}
+    for event in runtime:
+        owner = batch_of(float(event["ts"]))
+        if owner is not None:
+            table = calls[owner[3]]
+            table[event["name"]] = table.get(event["name"], 0) + 1
+    steps = max(len(unsynced), 1)
+    fast = [e for e, _ in per_half["unsynced"]]
+    kernels = [e for e in fast if e.get("cat") == "kernel"]
+    lo, hi = (unsynced[0][0], unsynced[-1][1]) if unsynced else (0.0, 0.0)
+    busy_ms = _union_ms(((float(e["ts"]), float(e["ts"]) + e.get("dur", 0)) for e in fast), lo, hi)
+    kernel_us = [float(e.get("dur", 0)) for e in kernels]
+    syncs = {k: v for k, v in calls["unsynced"].items() if k in SYNC_CALLS}
+    every = [e for e, _ in per_half["unsynced"] + per_half["synced"] if e["cat"] == "kernel"]
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "mean_kernel_us": sum(kernel_us) / len(kernel_us) if kernel_us else 0.0,
+        "kernel_ms_per_step": sum(kernel_us) / 1000 / steps,
+        "gpu_busy": busy_ms / ((hi - lo) / 1000) if hi > lo else 0.0,
+        "memcpy_per_step": sum(e.get("cat") == "gpu_memcpy" for e in fast) / steps,
+        "launches_per_step": sum(v for k, v in calls["unsynced"].items() if k in LAUNCH_CALLS)
+        / steps,
+        "host_syncs_per_step": sum(syncs.values()) / steps,
+        "sync_calls": dict(sorted(syncs.items())),
+        "cuda_malloc_per_step": sum(v for k, v in calls["unsynced"].items() if k in MALLOC_CALLS)
+        / steps,
+        "tensor_core_share": _tensor_core_share(every),
+        "top_kernels": top_kernels(every, len(unsynced) + synced_count),
+        "phase_gpu_ms": _phase_gpu_ms(per_half["synced"], phase_spans, synced_count),
+        "lanes": _lanes(per_half["unsynced"], unsynced[:LANE_BATCHES]),
+    }
+
+
+def _tensor_core_share(kernels: list[dict[str, Any]]) -> float:
+    total = sum(float(e.get("dur", 0)) for e in kernels)
+    tensor = sum(float(e.get("dur", 0)) for e in kernels if is_tensor_core(e["name"]))
+    return tensor / total if total else 0.0
+
+
+def top_kernels(kernels: list[dict[str, Any]], steps: int, top: int = 50) -> list[dict[str, Any]]:
+    """Kernels by total time: name, calls per step, ms per step, mean µs, share, Tensor Core."""
+    table: dict[str, list[float]] = {}
+    for event in kernels:
+        table.setdefault(event["name"], []).append(float(event.get("dur", 0)))
+    total = sum(sum(v) for v in table.values()) or 1.0
+    rows = sorted(table.items(), key=lambda item: -sum(item[1]))[:top]
+    steps = max(steps, 1)
+    return [
+        {
+            "name": name,
+            "calls_per_step": len(durations) / steps,
+            "ms_per_step": sum(durations) / 1000 / steps,
+            "mean_us": sum(durations) / len(durations),
+            "share": sum(durations) / total,
+            "tensor_core": is_tensor_core(name),
+        }
+        for name, durations in rows
+    ]
+
+
+def _phase_gpu_ms(
+    events: list[Launched], spans: list[tuple[float, float, str]], batches: int
+) -> dict[str, float]:
+    """Kernel milliseconds per batch by the phase that launched them (synchronised half)."""
+    spans = sorted(spans)
+    starts = [s[0] for s in spans]
+    out: dict[str, float] = {}
+    for event, launch in events:
+        at = bisect.bisect_right(starts, launch) - 1
+        if at >= 0 and launch <= spans[at][1]:
+            name = spans[at][2]
+            out[name] = out.get(name, 0.0) + float(event.get("dur", 0)) / 1000
+    return {k: v / max(batches, 1) for k, v in out.items()}
+
+
+def _lanes(events: list[Launched], batches: list[tuple[float, float, int, str]]) -> dict[str, Any]:
+    """GPU events of the first unsynchronised batches for the timeline: one lane per stream,
+    ``[lane, start µs from the first batch's start, duration µs, name index]``."""
+    if not batches:
+        return {"origin_us": 0.0, "batches": [], "names": [], "lanes": [], "events": []}
+    lo, hi = batches[0][0], batches[-1][1]
+    chosen = sorted((e for e, at in events if lo <= at <= hi), key=lambda e: float(e["ts"]))
+    chosen = chosen[:LANE_CAP]
+    names: dict[str, int] = {}
+    lanes: dict[str, int] = {}
+    rows = []
+    for event in chosen:
+        lane = f"{LANE_KINDS[event['cat']]}, stream {event.get('tid', '?')}"
+        rows.append(
+            [
+                lanes.setdefault(lane, len(lanes)),
+                round(float(event["ts"]) - lo, 3),
+                round(float(event.get("dur", 0)), 3),
+                names.setdefault(event["name"], len(names)),
+            ]
+        )
+    return {
+        "origin_us": lo,
+        "batches": [[round(b[0] - lo, 3), round(b[1] - lo, 3), b[2]] for b in batches],
+        "names": list(names),
+        "lanes": list(lanes),
+        "events": rows,
+    }
+
+
+def host_trace(batches: list[dict[str, Any]], pid: str = "falconet host") -> dict[str, Any]:
+    """A Chrome trace of the measured batches' phases (what ``profile_trace.json`` holds when
+    there is no GPU trace): one ``X`` event per batch and per phase, on one host lane."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": pid}}
+    ]
+    for batch in batches:
+        origin = batch["start_ms"] * 1000
+        events.append(
+            {
+                "name": f"falconet/batch {batch['index']} {batch['part']}",
+                "cat": "user_annotation",
+                "ph": "X",
+                "ts": origin,
+                "dur": batch["ms"] * 1000,
+                "pid": pid,
+                "tid": 0,
+                "args": {"epoch": batch["epoch"], "images": batch["images"]},
+            }
+        )
+        events.extend(
+            {
+                "name": f"falconet/{phase['name']}",
+                "cat": "user_annotation",
+                "ph": "X",
+                "ts": origin + phase["start_ms"] * 1000,
+                "dur": phase["ms"] * 1000,
+                "pid": pid,
+                "tid": 0,
+            }
+            for phase in batch["phases"]
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,162 @@
+"""Every ``falconet profile`` command, run as the installed command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def falconet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
+    return subprocess.run(
+        [sys.executable, "-m", "falconet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_summary(profiled_run: Path):
+    done = falconet("profile", "summary", str(profiled_run / "profile.json"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("profile: ") and "no GPU trace (device cpu)" in done.stdout
+    assert "phases (synchronised, ms per batch): data" in done.stdout
+    as_json = json.loads(falconet("profile", "summary", "--json", str(profiled_run)).stdout)
+    assert as_json["kind"] == "falconet-profile-summary" and as_json["gpu_trace"] is False
+
+
+def test_phases(profiled_run: Path):
+    done = falconet("profile", "phases", str(profiled_run / "profile.json"))
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0] for line in done.stdout.splitlines()[1:]}
+    assert {"data", "forward", "backward", "optimizer", "ema", "other", "step"} <= rows
+    tables = json.loads(falconet("profile", "phases", "--json", str(profiled_run)).stdout)
+    assert tables["synced"]["phases"]["forward"]["ms_per_batch"] > 0
+
+
+def test_kernels_without_a_gpu_trace(profiled_run: Path):
+    done = falconet("profile", "kernels", "--top", "5", str(profiled_run / "profile.json"))
+    assert done.returncode == 0 and "no GPU trace (device cpu)" in done.stdout
+    rows = json.loads(falconet("profile", "kernels", "--json", str(profiled_run)).stdout)
+    assert rows == {"gpu_trace": False, "kernels": []}
+
+
+def test_kernels_with_a_gpu_trace(profiled_run: Path, tmp_path: Path):
+    """The kernel table of a profile whose gpu section holds two kernels."""
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    doc["gpu"] = {
+        "top_kernels": [
+            {
+                "name": "sm90_xmma_gemm",
+                "calls_per_step": 2.0,
+                "ms_per_step": 1.5,
+                "mean_us": 750.0,
+                "share": 0.75,
+                "tensor_core": True,
+            },
+            {
+                "name": "elementwise_kernel",
+                "calls_per_step": 10.0,
+                "ms_per_step": 0.5,
+                "mean_us": 50.0,
+                "share": 0.25,
+                "tensor_core": False,
+            },
+        ]
+    }
+    (tmp_path / "gpu.json").write_text(json.dumps(doc))
+    done = falconet("profile", "kernels", "--top", "1", str(tmp_path / "gpu.json"))
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and "sm90_xmma_gemm" in lines[1] and "yes" in lines[1]
+    rows = json.loads(falconet("profile", "kernels", "--json", str(tmp_path / "gpu.json")).stdout)
+    assert [k["name"] for k in rows["kernels"]] == ["sm90_xmma_gemm", "elementwise_kernel"]
+
+
+def test_compare_counts_only_beyond_the_spread(profiled_run: Path, tmp_path: Path):
+    doc = json.loads((profiled_run / "profile.json").read_text())
+
+    def variant(name: str, steps: list[float]) -> str:
+        changed = json.loads(json.dumps(doc))
+        mean = sum(steps) / len(steps)
+        changed["trials"] = [{**doc["trials"][0], "step_ms": s} for s in steps]
+        changed["aggregate"]["step_ms"] = {
+            "mean": mean,
+            "median": mean,
+            "std": 1.0,
+            "min": min(steps),
+            "max": max(steps),
+            "n": len(steps),
+        }
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(changed))
+        return str(path)
+
+    a = variant("a", [100.0, 104.0, 102.0])
+    overlapping = variant("b", [103.0, 107.0, 105.0])
+    apart = variant("c", [60.0, 62.0, 61.0])
+    same = json.loads(falconet("profile", "compare", "--json", a, overlapping).stdout)
+    row = next(r for r in same["figures"] if r["figure"] == "step_ms")
+    assert row["spread_known"] and not row["counts"] and "step_ms" not in same["changed"]
+    faster = json.loads(falconet("profile", "compare", "--json", a, apart).stdout)
+    row = next(r for r in faster["figures"] if r["figure"] == "step_ms")
+    assert row["counts"] and row["relative"] == pytest.approx(-41 / 102)
+    text = falconet("profile", "compare", a, apart).stdout
+    assert "step_ms" in text and "-40.2%" in text
+    single = falconet("profile", "compare", str(profiled_run), str(profiled_run))
+    assert single.returncode == 0 and "1 trial: 5% floor" in single.stdout
+
+
+def test_a_bad_file_exits_2(tmp_path: Path):
+    (tmp_path / "x.json").write_text("[]")
+    done = falconet("profile", "summary", str(tmp_path / "x.json"))
+    assert done.returncode == 2 and "not a falconet profile" in done.stderr
+
+
+def test_run_repeats_fresh_trials_and_combines_them(run_keys, tmp_path: Path):
+    keys = [f"{k}={v}" for k, v in run_keys.items() if k != "data"]
+    done = falconet(
+        "profile",
+        "run",
+        run_keys["data"],
+        "--model",
+        "yolo-n",
+        *keys,
+        "epochs=2",
+        "profile_warmup=0",
+        "profile_steps=2",
+        f"project={tmp_path}",
+        "name=twice",
+        "--repeat",
+        "2",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    folder = tmp_path / "twice"
+    assert summary["profile"] == str(folder / "profile.json") and summary["trials"] == 2
+    assert summary["aggregate"]["step_ms"]["n"] == 2
+    assert done.stderr.count("trial ") >= 2
+    combined = json.loads((folder / "profile.json").read_text())
+    assert [t["run_dir"] for t in combined["trials"]] == [
+        str(folder / "trial1"),
+        str(folder / "trial2"),
+    ]
+    assert combined["verdict"]["trials"] == [t["verdict"] for t in combined["trials"]]
+    for trial in ("trial1", "trial2"):
+        assert (folder / trial / "profile_trace.json").exists()
+        assert not (folder / trial / "weights" / "last.pt").exists()  # stopped mid-epoch 1
+    assert (folder / "timeline.html").exists() and (folder / "profile_summary.json").exists()
+
+
+def test_run_refuses_keys_it_sets_itself(run_keys):
+    done = falconet("profile", "run", run_keys["data"], "profile=false")
+    assert done.returncode == 2 and "profile= is set by `falconet profile run`" in done.stderr
+    done = falconet("profile", "run", run_keys["data"], "epoch=3")
+    assert done.returncode == 2 and "did you mean epochs=?" in done.stderr

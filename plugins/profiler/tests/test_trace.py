@@ -1,0 +1,143 @@
+"""Kernel figures from a synthetic Kineto trace (the JSON torch.profiler exports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from falconet_profiler.trace import analyse, host_trace, is_tensor_core
+
+
+class Trace:
+    def __init__(self):
+        self.events = []
+        self.correlation = 0
+
+    def span(self, cat, name, ts, dur, **extra):
+        self.events.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **extra})
+
+    def launch(self, host_ts, gpu_ts, dur, name, cat="kernel", stream=7):
+        self.correlation += 1
+        self.span(
+            "cuda_runtime", "cudaLaunchKernel", host_ts, 5, args={"correlation": self.correlation}
+        )
+        self.span(cat, name, gpu_ts, dur, tid=stream, args={"correlation": self.correlation})
+
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
+ADD = "void at::native::vectorized_elementwise_kernel<4, add>"
+
+
+@pytest.fixture
+def trace():
+    t = Trace()
+    # two unsynchronised batches of 1000 µs, one synchronised batch of 2000 µs
+    t.span("user_annotation", "falconet/batch 5 unsynced", 0, 1000)
+    t.span("user_annotation", "falconet/batch 6 unsynced", 1000, 1000)
+    t.span("user_annotation", "falconet/batch 7 synced", 2000, 2000)
+    t.span("user_annotation", "falconet/forward", 2000, 500)
+    t.span("user_annotation", "falconet/backward", 2500, 1000)
+    t.span("gpu_user_annotation", "falconet/batch 7 synced", 2000, 2000)  # ignored
+    t.launch(-50, -40, 30, ADD)  # before the window: not counted
+    for batch in (0, 1000):  # per unsynced batch: a 300 µs GEMM, two 50 µs adds, one copy
+        t.launch(batch + 10, batch + 100, 300, GEMM)
+        t.launch(batch + 20, batch + 400, 50, ADD)
+        t.launch(batch + 30, batch + 450, 50, ADD)
+        t.launch(batch + 40, batch + 500, 100, "Memcpy HtoD (Pageable -> Device)", "gpu_memcpy")
+    t.launch(1990, 2010, 20, ADD)  # launched in batch 6, runs just after it ends
+    t.span("cuda_runtime", "cudaStreamSynchronize", 800, 20)
+    t.span("cuda_runtime", "cudaStreamSynchronize", 1800, 20)
+    t.span("cuda_runtime", "cudaMalloc", 1200, 40)
+    # the synchronised batch: our own device synchronisations are not counted
+    t.span("cuda_runtime", "cudaDeviceSynchronize", 2001, 5)
+    t.launch(2100, 2110, 400, GEMM)  # forward
+    t.launch(2600, 2610, 100, ADD)  # backward
+    return {"traceEvents": t.events}
+
+
+def test_kernel_figures_come_from_the_unsynchronised_batches(trace):
+    gpu = analyse(trace)
+    assert gpu["kernels_per_step"] == pytest.approx(3.5)  # 7 kernels over 2 batches
+    assert gpu["mean_kernel_us"] == pytest.approx((2 * 400 + 20) / 7)
+    assert gpu["kernel_ms_per_step"] == pytest.approx(0.41)
+    # busy: [100, 600] in each batch (GEMM, adds, copy) = 1000 of 2000 µs; the late add
+    # runs after the unsynchronised batches end and is clipped
+    assert gpu["gpu_busy"] == pytest.approx(0.5)
+    assert gpu["memcpy_per_step"] == pytest.approx(1.0)
+    assert gpu["host_syncs_per_step"] == pytest.approx(1.0)
+    assert gpu["sync_calls"] == {"cudaStreamSynchronize": 2}
+    assert gpu["cuda_malloc_per_step"] == pytest.approx(0.5)
+    assert gpu["launches_per_step"] == pytest.approx(4.5)  # 9 launches in the two batches
+
+
+def test_kernels_by_time_tensor_cores_and_phases(trace):
+    gpu = analyse(trace)
+    top = gpu["top_kernels"]
+    assert [row["name"] for row in top] == [GEMM, ADD]
+    assert top[0]["tensor_core"] and not top[1]["tensor_core"]
+    assert top[0]["calls_per_step"] == pytest.approx(1.0)  # 3 calls over 3 measured batches
+    assert top[0]["ms_per_step"] == pytest.approx(1.0 / 3)
+    assert gpu["tensor_core_share"] == pytest.approx(1000 / (1000 + 320))
+    assert gpu["phase_gpu_ms"] == {"forward": pytest.approx(0.4), "backward": pytest.approx(0.1)}
+
+
+def test_lanes_hold_the_first_unsynchronised_batches(trace):
+    lanes = analyse(trace)["lanes"]
+    assert lanes["lanes"] == ["kernels, stream 7", "copies, stream 7"]
+    assert [b[2] for b in lanes["batches"]] == [5, 6]
+    assert len(lanes["events"]) == 9 and lanes["events"][0][1] == 100  # µs from batch 5's start
+    assert lanes["names"][lanes["events"][0][3]] == GEMM
+
+
+def test_a_trace_without_gpu_events_gives_nothing():
+    cpu = {
+        "traceEvents": [
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "falconet/batch 0 unsynced",
+                "ts": 0,
+                "dur": 10,
+            }
+        ]
+    }
+    assert analyse(cpu) is None
+    assert analyse({"traceEvents": []}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor"),
+    [
+        ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nn", True),
+        ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32", True),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", True),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", True),
+        ("implicit_convolve_sgemm", False),
+        ("triton_poi_fused_add_mul_0", False),
+    ],
+)
+def test_tensor_core_names(name, tensor):
+    assert is_tensor_core(name) is tensor
+
+
+def test_host_trace_is_a_chrome_trace_of_the_phases():
+    batches = [
+        {
+            "index": 2,
+            "part": "unsynced",
+            "epoch": 0,
+            "images": 8,
+            "start_ms": 1.0,
+            "ms": 3.0,
+            "phases": [
+                {"name": "data", "start_ms": 0.0, "ms": 1.0},
+                {"name": "forward", "start_ms": 1.0, "ms": 2.0},
+            ],
+        }
+    ]
+    trace = host_trace(batches)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [
+        ("falconet/batch 2 unsynced", 1000.0, 3000.0),
+        ("falconet/data", 1000.0, 1000.0),
+        ("falconet/forward", 2000.0, 2000.0),
+    ]

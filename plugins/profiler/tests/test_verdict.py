@@ -1,0 +1,119 @@
+"""The verdict rules on synthetic evidence: one case per verdict, the order of the rules, the
+thresholds' edges, the levers, the CPU case and repeated trials."""
+
+from __future__ import annotations
+
+import pytest
+
+from falconet_profiler.verdict import THRESHOLDS, Context, combine, decide
+
+GPU = Context(
+    device="cuda",
+    graph="eager",
+    precision="bf16",
+    batch=16,
+    workers=8,
+    cache="none",
+    cpu_count=16,
+    graphs=frozenset({"eager", "compile", "cuda-graph"}),
+)
+
+
+def evidence(**changes):
+    """A healthy GPU step: busy 90%, no loader wait, no allocation, 40% of memory."""
+    base = {
+        "step_ms": 50.0,
+        "img_per_s": 320.0,
+        "loader_wait_fraction": 0.02,
+        "gpu_busy": 0.90,
+        "kernels_per_step": 900.0,
+        "mean_kernel_us": 45.0,
+        "host_syncs_per_step": 0.1,
+        "cuda_malloc_per_step": 0.0,
+        "alloc_retries": 0,
+        "peak_reserved_fraction": 0.4,
+        "tensor_core_share": 0.7,
+    }
+    return {**base, **changes}
+
+
+def sets(verdict):
+    return [lever["set"] for lever in verdict["levers"]]
+
+
+def test_dataloader():
+    verdict = decide(evidence(loader_wait_fraction=0.45, gpu_busy=0.4), GPU)
+    assert verdict["name"] == "dataloader" and "45%" in verdict["reason"]
+    assert sets(verdict) == ["workers=16", "cache=ram"]
+    assert any(a.startswith("host-launch") for a in verdict["also"])  # the idle GPU follows
+
+
+def test_host_launch_with_its_evidence():
+    verdict = decide(
+        evidence(gpu_busy=0.21, kernels_per_step=6742, mean_kernel_us=4.1, host_syncs_per_step=78),
+        GPU,
+    )
+    assert verdict["name"] == "host-launch"
+    assert "21%" in verdict["reason"] and "6742 kernels per step" in verdict["reason"]
+    assert "(short)" in verdict["reason"] and "78.0 host syncs" in verdict["reason"]
+    assert sets(verdict) == ["graph=cuda-graph", "graph=compile", "batch=32"]
+
+
+def test_compute():
+    verdict = decide(evidence(), GPU)
+    assert verdict["name"] == "compute" and verdict["also"] == []
+    fp32 = decide(evidence(), Context(device="cuda", precision="fp32"))
+    assert sets(fp32) == ["amp_dtype=bf16"]
+    low_tensor_cores = decide(evidence(tensor_core_share=0.2), GPU)
+    assert sets(low_tensor_cores) == ["graph=compile"]
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"alloc_retries": 3}, "retried 3 times"),
+        ({"cuda_malloc_per_step": 2.5}, "2.5 cudaMalloc calls per step"),
+        ({"peak_reserved_fraction": 0.97}, "97% of the device"),
+    ],
+)
+def test_memory_pressure(change, said):
+    verdict = decide(evidence(**change), GPU)
+    assert verdict["name"] == "memory-pressure" and said in verdict["reason"]
+    assert sets(verdict) == ["batch=8"]
+
+
+def test_rules_apply_in_order_and_at_their_thresholds():
+    at = THRESHOLDS
+    assert decide(evidence(loader_wait_fraction=at["loader_wait_fraction"]), GPU)["name"] == (
+        "dataloader"
+    )
+    assert decide(evidence(gpu_busy=at["gpu_busy"]), GPU)["name"] == "compute"
+    assert decide(evidence(gpu_busy=at["gpu_busy"] - 0.01), GPU)["name"] == "host-launch"
+    both = decide(evidence(loader_wait_fraction=0.5, alloc_retries=1), GPU)
+    assert both["name"] == "dataloader" and both["also"][0].startswith("memory-pressure")
+    pressure_and_idle = decide(evidence(alloc_retries=1, gpu_busy=0.3), GPU)
+    assert pressure_and_idle["name"] == "memory-pressure"
+
+
+def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
+    graphed = Context(graph="cuda-graph", batch=64, workers=16, cpu_count=16, cache="ram")
+    verdict = decide(evidence(gpu_busy=0.5, peak_reserved_fraction=0.8), graphed)
+    assert verdict["levers"] == []  # graphs on, memory too full to double the batch
+    assert decide(evidence(loader_wait_fraction=0.3), graphed)["levers"] == []
+    missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
+    assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"
+
+
+def test_the_cpu_has_no_gpu_trace():
+    cpu = Context(device="cpu", precision="fp32", workers=0, cpu_count=2)
+    host_only = {"step_ms": 80.0, "loader_wait_fraction": 0.05, "gpu_busy": None}
+    verdict = decide(host_only, cpu)
+    assert verdict["name"] == "compute" and not verdict["gpu_trace"]
+    assert "no GPU trace (device cpu)" in verdict["reason"] and verdict["levers"] == []
+    waiting = decide({**host_only, "loader_wait_fraction": 0.6}, cpu)
+    assert waiting["name"] == "dataloader" and sets(waiting) == ["workers=1", "cache=ram"]
+
+
+def test_trials_that_disagree_are_mixed():
+    assert combine(["host-launch", "host-launch"]) == "host-launch"
+    assert combine(["host-launch", "compute", "host-launch"]) == "mixed"
