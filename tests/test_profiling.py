@@ -1,0 +1,168 @@
+"""``profile=true`` through the trainer: the core's seam (keys, request_stop, the missing-plugin
+error) and falconet-profiler inside real CPU runs (hooks removed, same weights, DDP ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from falconet import Detector
+from falconet.plugins import Plugins
+from falconet.registry import UnknownNameError
+from falconet.training.checkpoint import load_checkpoint
+from falconet.training.phases import NO_PHASES
+from falconet.training.setup import callback_names, plan_run
+from falconet.training.trainer import Trainer
+from falconet_profiler.callback import Profiler
+from falconet_profiler.window import PhaseClock
+
+
+@pytest.fixture
+def keys(tiny_run):
+    return {**tiny_run, "val": "false", "nbs": "16"}  # 3 batches an epoch, accumulate 2
+
+
+class StopAt:
+    """Calls ``trainer.request_stop`` after the ``batch``-th batch of the run."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch, self.seen = batch, 0
+
+    def on_step_end(self, trainer):
+        self.seen += 1
+        if self.seen == self.batch:
+            trainer.request_stop(f"stopped by the test after batch {self.batch}")
+
+
+def test_request_stop_inside_an_epoch_saves_nothing_of_it(keys, installed_falconet_plugins):
+    plan = plan_run({**keys, "epochs": 3}, installed_falconet_plugins)
+    summary = Trainer(plan, installed_falconet_plugins, [StopAt(5)]).fit()
+    run = Path(summary["run_dir"])
+    assert summary["stop_reason"] == "stopped by the test after batch 5"
+    assert summary["epochs"] == 1  # epoch 2 stopped at its 2nd batch: not claimed
+    assert load_checkpoint(run / "weights" / "last.pt")["epoch"] == 1
+
+
+def test_request_stop_at_an_epochs_end_keeps_that_epoch(keys, installed_falconet_plugins):
+    plan = plan_run({**keys, "epochs": 3}, installed_falconet_plugins)
+    summary = Trainer(plan, installed_falconet_plugins, [StopAt(6)]).fit()
+    assert summary["epochs"] == 2
+    assert load_checkpoint(Path(summary["run_dir"]) / "weights" / "last.pt")["epoch"] == 2
+
+
+def test_profile_needs_the_plugin(keys, falconet_plugins, add_falconet_plugin):
+    import falconet_detect
+
+    add_falconet_plugin(falconet_detect, name="detect", distribution="falconet-detect")
+    with pytest.raises(UnknownNameError) as info:  # the built-ins and detect, no profiler
+        plan_run({**keys, "profile": "true"}, falconet_plugins)
+    assert "profile=true needs: pip install falconet-profiler" in str(info.value)
+    disabled = Plugins(env={"FALCONET_DISABLE_PLUGINS": "falconet-profiler"}).load()
+    with pytest.raises(UnknownNameError, match="falconet-profiler is installed but disabled"):
+        plan_run({**keys, "profile": "true"}, disabled)
+
+
+def test_the_profiler_is_added_only_when_asked(keys, installed_falconet_plugins):
+    plugins = installed_falconet_plugins
+    assert callback_names(plan_run(keys, plugins).config) == []
+    on = plan_run({**keys, "profile": "true", "callbacks": "example-steps"}, plugins).config
+    assert callback_names(on) == ["example-steps", "profiler"]
+    both = plan_run({**keys, "profile": "true", "callbacks": "profiler"}, plugins).config
+    assert callback_names(both) == ["profiler"]
+
+
+class PhasesSeen:
+    """Records what ``trainer.phases`` is after each batch (after the profiler's own
+    ``on_step_end``, which runs first)."""
+
+    def __init__(self):
+        self.kinds: list[str] = []
+
+    def on_step_end(self, trainer):
+        phases = trainer.phases
+        self.kinds.append(
+            "clock"
+            if isinstance(phases, PhaseClock)
+            else "none"
+            if phases is NO_PHASES
+            else repr(phases)
+        )
+
+
+def test_the_window_hooks_in_and_out_and_training_goes_on(keys, installed_falconet_plugins):
+    plan = plan_run(
+        {**keys, "epochs": 3, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
+        installed_falconet_plugins,
+    )
+    seen = PhasesSeen()
+    summary = Trainer(plan, installed_falconet_plugins, [Profiler(), seen]).fit()
+    # the clock is installed after batch 1 (0-based) for batches 2-5, then the default is back
+    assert seen.kinds == ["none"] + ["clock"] * 4 + ["none"] * 4
+    assert summary["epochs"] == 3 and summary["stop_reason"] == ""
+    assert (Path(summary["run_dir"]) / "profile.json").exists()
+
+
+def test_profile_leaves_the_run_identical(keys):
+    plain = Detector("yolo-n").train(**keys, epochs=2, name="plain")
+    profiled = Detector("yolo-n").train(
+        **keys, epochs=2, name="profiled", profile=True, profile_warmup=1, profile_steps=4
+    )
+    assert (Path(profiled["run_dir"]) / "profile.json").exists()
+    a = load_checkpoint(Path(plain["run_dir"]) / "weights" / "last.pt")
+    b = load_checkpoint(Path(profiled["run_dir"]) / "weights" / "last.pt")
+    for name in ("model", "weights"):
+        assert a[name].keys() == b[name].keys()
+        for key in a[name]:
+            assert torch.equal(a[name][key], b[name][key]), key
+
+
+def test_other_ranks_measure_nothing_but_stop_with_rank_0(keys, installed_falconet_plugins):
+    plan = plan_run(
+        {
+            **keys,
+            "epochs": 3,
+            "profile": "true",
+            "profile_warmup": 1,
+            "profile_steps": 3,
+            "profile_then_stop": "true",
+        },
+        installed_falconet_plugins,
+    )
+    seen = PhasesSeen()
+    summary = Trainer(plan, installed_falconet_plugins, [Profiler(rank=1), seen]).fit()
+    assert seen.kinds == ["none"] * 4  # never hooked in, stopped after the window's 4 batches
+    assert "stopped after profiling" in summary["stop_reason"]
+    assert not (Path(summary["run_dir"]) / "profile.json").exists()
+
+
+def test_train_cli_with_profile_then_stop(falconet_cli, keys):
+    pairs = [f"{k}={v}" for k, v in keys.items()]
+    done = falconet_cli(
+        "train",
+        *pairs,
+        "epochs=5",
+        "profile=true",
+        "profile_warmup=1",
+        "profile_steps=3",
+        "profile_then_stop=true",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "profile: " in done.stderr and "phases (synchronised, ms per batch)" in done.stderr
+    assert "stopped after profiling (profile_then_stop=true): 4 batches" in done.stdout
+    run = Path(done.stdout.splitlines()[0].removeprefix("run folder: "))
+    assert (run / "timeline.html").exists()
+    assert load_checkpoint(run / "weights" / "last.pt")["epoch"] == 1  # epoch 2 not claimed
+
+
+def test_a_run_shorter_than_the_window_reports_what_it_measured(keys, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="falconet.profile"):
+        summary = Detector("yolo-n").train(
+            **keys, epochs=1, profile=True, profile_warmup=0, profile_steps=10
+        )
+    assert "the run ended after 3 of the window's 10 batches" in caplog.text
+    doc = (Path(summary["run_dir"]) / "profile.json").read_text()
+    assert '"complete": false' in doc
