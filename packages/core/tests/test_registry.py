@@ -109,6 +109,18 @@ def test_missing_hint_replaces_the_guess():
         registry.get("cuda-graph")
 
 
+def test_a_selector_names_what_the_user_wrote():
+    """``profile=true`` asks for the callback ``profiler``: the message speaks of the key the
+    user set, not of a ``callbacks=`` they never wrote."""
+    registry = graph_registry()
+    registry.missing_hint = lambda reg, name: f"{reg.key}={name} needs: pip install x"
+    with pytest.raises(UnknownNameError) as info:
+        registry.get("cuda-graph", selector="fast=true")
+    message = str(info.value)
+    assert message.startswith("fast=true: no graph backend named 'cuda-graph' is installed.")
+    assert "fast=true needs: pip install x" in message and "graph=" not in message
+
+
 def test_remove_plugin_forgets_names_and_aliases():
     registry = Registry(
         "families", "model family", "model", ModelFamily, aliases=lambda f: f.models
