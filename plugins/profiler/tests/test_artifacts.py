@@ -114,3 +114,37 @@ def test_the_timeline_renders_the_phases_in_headless_chromium(profiled_run: Path
     html = (profiled_run / "timeline.html").read_text()
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in html and "<script src" not in html
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium)")
+def test_the_timeline_draws_kernel_lanes(profiled_run: Path, tmp_path: Path):
+    """A GPU profile's lanes (here grafted onto the CPU profile) become one rect per kernel."""
+    from falconet_profiler.timeline import render
+
+    doc = load(profiled_run)
+    doc["lanes"] = {
+        "origin_us": 0.0,
+        "batches": [[0.0, 900.0, 1], [900.0, 1800.0, 2]],
+        "names": ["sm90_xmma_gemm", "Memcpy HtoD"],
+        "lanes": ["kernels, stream 7", "copies, stream 7"],
+        "events": [[0, 100.0, 300.0, 0], [0, 1000.0, 300.0, 0], [1, 50.0, 20.0, 1]],
+    }
+    page = tmp_path / "timeline.html"
+    page.write_text(render(doc))
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert "drawn: 6 batches, 3 kernels" in dom
+    assert dom.count('class="kernel"') == 3 and "kernels, stream 7" in dom
+    assert "sm90_xmma_gemm: 300.0 µs" in dom
