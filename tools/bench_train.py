@@ -1,9 +1,12 @@
 """Training speed side by side: falconet against Ultralytics and LibreYOLO, same data and GPU.
 
     python tools/bench_train.py --data .data/coco128 --arms falconet,ultralytics,libreyolo \\
-        --batch 16,64 --repeats 3 --epochs 6 --repeat-data 4 --out bench.json
+        --batch 16,64 --repeats 3 --epochs 4 --repeat-data 4 --out bench.json
 
 Every measurement runs in a fresh process (``--worker``), arms alternate within each repeat.
+With ``--gpus 0,1`` the measurements run two at a time, each alone on its GPU (the next one
+starts on whichever GPU is free); ``--out`` is rewritten after every measurement, so a run
+cut short keeps what it measured, and ``--table-from`` prints the tables of saved runs.
 Per arm and batch size:
 
 * **end to end**: images/s over epochs 2..N, from the wall time between consecutive epoch ends
@@ -12,7 +15,13 @@ Per arm and batch size:
 * **isolated step** (falconet, Ultralytics): forward + loss + backward + optimizer + EMA on
   one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
-  20 steps), kernels per step and host syncs per step (``set_sync_debug_mode("warn")``).
+  20 steps), kernels per step and host syncs per step (``set_sync_debug_mode("warn")``);
+* **accuracy**, once per arm: the losses of the last timed epoch (each framework's own terms)
+  and the mAP after an overfit of COCO128 (train = val, ``--overfit-epochs`` at
+  ``--overfit-batch``), scored by the framework's own evaluator.
+
+An arm may carry falconet keys after colons (``falconet:optimizer=adamw:lr0=0.000119``: the
+recipe closest to a peer's).
 
 Settings shared by every arm: 640 px, fp16 autocast (each framework's AMP), cache in RAM,
 ``--workers`` loader workers, mosaic throughout, from scratch, nothing downloaded. The peers
@@ -30,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -323,7 +333,10 @@ def run_libreyolo(args) -> dict:
             "evaluator": "libreyolo",
         }
     clock.ends = clock.ends[1:]
-    return {"img_s": clock.throughput(128 * args.repeat_data)}
+    return {
+        "img_s": clock.throughput(128 * args.repeat_data),
+        "loss_last_epoch": out.get("final_loss"),
+    }
 
 
 ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": run_libreyolo}
@@ -331,11 +344,11 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 # ------------------------------------------------------------------------ orchestration
 def worker(args) -> None:
-    """One measurement; ``--worker`` is an arm, optionally with falconet keys after a colon
-    (``falconet:optimizer=adamw,lr0=0.002``: the recipe closest to a peer's)."""
+    """One measurement; ``--worker`` is an arm, optionally with falconet keys after colons
+    (``falconet:optimizer=adamw:lr0=0.000119``)."""
     result = {"arm": args.worker, "batch": args.batch, "measure": args.measure}
-    name, _, extra = args.worker.partition(":")
-    args.arm_keys = dict(pair.split("=", 1) for pair in extra.split(",") if pair)
+    name, *pairs = args.worker.split(":")
+    args.arm_keys = dict(pair.split("=", 1) for pair in pairs if pair)
     try:
         result.update(ARMS[name](args))
     except Exception as exc:  # one failed arm must not lose the others' numbers
@@ -343,7 +356,10 @@ def worker(args) -> None:
     print(MARK + json.dumps(result, default=str), flush=True)
 
 
-def spawn(args, arm: str, batch: int, measure: str, data_yaml: Path, tmp: Path) -> dict:
+def spawn(
+    args, arm: str, batch: int, measure: str, data_yaml: Path, tmp: Path, gpu: str | None
+) -> dict:
+    """Run one measurement in a fresh process (alone on ``gpu`` when given)."""
     command = [
         sys.executable,
         __file__,
@@ -374,7 +390,15 @@ def spawn(args, arm: str, batch: int, measure: str, data_yaml: Path, tmp: Path) 
         "--overfit-epochs",
         str(args.overfit_epochs),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=args.timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return {"arm": arm, "batch": batch, "measure": measure, "error": "timed out"}
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK) :])
@@ -382,41 +406,119 @@ def spawn(args, arm: str, batch: int, measure: str, data_yaml: Path, tmp: Path) 
     return {"arm": arm, "batch": batch, "measure": measure, "error": " | ".join(tail)}
 
 
-def table(results: list[dict], arms: list[str], batches: list[int]) -> str:
-    def median(arm, batch, measure, key):
-        values = [
-            r[key]
-            for r in results
-            if (r["arm"], r["batch"], r["measure"]) == (arm, batch, measure)
-            and r.get(key) is not None
-        ]
-        return statistics.median(values) if values else None
+def _median(results: list[dict], arm: str, batch: int, measure: str, key: str):
+    values = [
+        r[key]
+        for r in results
+        if (r["arm"], r["batch"], r["measure"]) == (arm, batch, measure) and r.get(key) is not None
+    ]
+    return statistics.median(values) if values else None
 
+
+def speed_table(results: list[dict], arms: list[str], batches: list[int]) -> str:
+    """Medians over repeats, with the end-to-end ratio to Ultralytics at the same batch."""
     lines = [
         "| arm | batch | end-to-end img/s | vs Ultralytics | step ms | GPU busy | "
-        "kernels/step | syncs/step | overfit mAP50-95 | overfit mAP50 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "kernels/step | syncs/step | runs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for batch in batches:
-        base = median("ultralytics", batch, "e2e", "img_s")
+        base = _median(results, "ultralytics", batch, "e2e", "img_s")
         for arm in arms:
-            e2e = median(arm, batch, "e2e", "img_s")
-            cells = [
-                "-" if e2e is None else f"{e2e:.0f}",
-                f"{e2e / base:.2f}x" if e2e and base else "-",
-            ]
-            for measure, key in [
-                ("step", "step_ms"),
-                ("step", "gpu_busy"),
-                ("step", "kernels_per_step"),
-                ("step", "syncs_per_step"),
-                ("overfit", "map50_95"),
-                ("overfit", "map50"),
-            ]:
-                value = median(arm, batch, measure, key)
+            e2e = _median(results, arm, batch, "e2e", "img_s")
+            cells = ["-" if e2e is None else f"{e2e:.0f}"]
+            cells.append(f"{e2e / base:.2f}x" if e2e and base else "-")
+            for key in ("step_ms", "gpu_busy", "kernels_per_step", "syncs_per_step"):
+                value = _median(results, arm, batch, "step", key)
                 cells.append("-" if value is None else f"{value:.3g}")
+            runs = sum(
+                1
+                for r in results
+                if (r["arm"], r["batch"], r["measure"]) == (arm, batch, "e2e") and "img_s" in r
+            )
+            cells.append(str(runs))
             lines.append(f"| {arm} | {batch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def accuracy_table(results: list[dict], arms: list[str]) -> str:
+    """The overfit mAP per arm and the losses of a timed run's last epoch (own loss terms)."""
+    lines = [
+        "| arm | overfit mAP50-95 | overfit mAP50 | evaluator | last-epoch losses (batch) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for arm in arms:
+        fit = next((r for r in results if r["arm"] == arm and r["measure"] == "overfit"), {})
+        timed = next(
+            (r for r in results if r["arm"] == arm and r.get("loss_last_epoch") is not None), {}
+        )
+        losses = timed.get("loss_last_epoch")
+        if isinstance(losses, dict):
+            losses = ", ".join(  # falconet's log also holds img/s and gpu_mem
+                f"{k} {v:.3g}"
+                for k, v in losses.items()
+                if isinstance(v, int | float) and k not in ("img/s", "gpu_mem")
+            )
+        elif isinstance(losses, int | float):
+            losses = f"total {losses:.3g}"
+        cells = [
+            "-" if fit.get("map50_95") is None else f"{fit['map50_95']:.3f}",
+            "-" if fit.get("map50") is None else f"{fit['map50']:.3f}",
+            fit.get("evaluator", fit.get("error", "-")),
+            f"{losses} ({timed['batch']})" if losses else "-",
+        ]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def jobs(args, arms: list[str], batches: list[int]) -> list[tuple[str, int, str, int]]:
+    """(arm, batch, measure, repeat) in run order: arms alternate between repeats; the
+    overfit runs once per arm, at ``--overfit-batch``."""
+    measures = args.measures.split(",")
+    planned = []
+    for repeat in range(args.repeats):
+        order = arms if repeat % 2 == 0 else arms[::-1]
+        for batch in batches:
+            for arm in order:
+                for measure in measures:
+                    if measure == "overfit":
+                        continue
+                    if measure == "step" and arm.startswith("libreyolo"):
+                        continue  # its step is not reachable from outside its trainer
+                    planned.append((arm, batch, measure, repeat))
+    if "overfit" in measures:
+        planned += [(arm, args.overfit_batch, "overfit", 0) for arm in arms]
+    return planned
+
+
+def run_all(args, planned, data_yaml: Path, tmp: Path, results: list[dict], save) -> None:
+    """Run ``planned`` one at a time, or one per GPU of ``--gpus`` at a time."""
+    gpus = args.gpus.split(",") if args.gpus else [None]
+    lock = threading.Lock()
+    queue = list(planned)
+
+    def lane(gpu: str | None) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                arm, batch, measure, repeat = queue.pop(0)
+            result = spawn(args, arm, batch, measure, data_yaml, tmp, gpu)
+            result.update(repeat=repeat, gpu=gpu)
+            with lock:
+                print(json.dumps(result, default=str), file=sys.stderr, flush=True)
+                results.append(result)
+                save()
+
+    threads = [threading.Thread(target=lane, args=(gpu,)) for gpu in gpus]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def report(results: list[dict], arms: list[str], batches: list[int]) -> str:
+    return speed_table(results, arms, batches) + "\n\n" + accuracy_table(results, arms)
 
 
 def main() -> None:
@@ -425,7 +527,7 @@ def main() -> None:
     parser.add_argument("--arms", default="falconet,ultralytics,libreyolo")
     parser.add_argument("--batch", default="16,64")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--repeat-data", type=int, default=4)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--workers", type=int, default=8)
@@ -434,10 +536,13 @@ def main() -> None:
     parser.add_argument(
         "--overfit-epochs", type=int, default=30, help="accuracy: epochs of the COCO128 overfit"
     )
+    parser.add_argument("--overfit-batch", type=int, default=16, help="accuracy: its batch")
     parser.add_argument("--warmup", type=int, default=20, help="isolated step: warm-up steps")
     parser.add_argument("--steps", type=int, default=100, help="isolated step: timed steps")
+    parser.add_argument("--gpus", help="run measurements in parallel, one per GPU: 0,1")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--table-from", nargs="+", type=Path, help="print saved runs' tables")
     # worker mode (one measurement in this process)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--measure", default="e2e", help=argparse.SUPPRESS)
@@ -449,34 +554,27 @@ def main() -> None:
         worker(args)
         return
     arms, batches = args.arms.split(","), [int(b) for b in args.batch.split(",")]
+    if args.table_from:
+        saved = [json.loads(path.read_text()) for path in args.table_from]
+        results = [r for run in saved for r in run["results"]]
+        print(report(results, arms, batches))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_yaml = repeated_dataset(args.data, args.repeat_data, tmp / "data")
-    results = []
-    for repeat in range(args.repeats):
-        order = arms if repeat % 2 == 0 else arms[::-1]  # alternate the arms' order
-        for batch in batches:
-            for arm in order:
-                for measure in args.measures.split(","):
-                    if measure == "step" and arm.startswith("libreyolo"):
-                        continue  # its step is not reachable from outside its trainer
-                    result = spawn(args, arm, batch, measure, data_yaml, tmp)
-                    result["repeat"] = repeat
-                    print(json.dumps(result, default=str), file=sys.stderr, flush=True)
-                    results.append(result)
-    report = table(results, arms, batches)
-    print(report)
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "settings": vars(args) | {"data": str(args.data), "out": str(args.out)},
-                    "results": results,
-                    "table": report,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+    results: list[dict] = []
+    settings = vars(args) | {"data": str(args.data), "out": str(args.out)}
+
+    def save() -> None:
+        if args.out:
+            table = report(results, arms, batches)
+            payload = {"settings": settings, "results": results, "table": table}
+            args.out.write_text(json.dumps(payload, indent=1, default=str))
+
+    started = time.perf_counter()
+    run_all(args, jobs(args, arms, batches), data_yaml, tmp, results, save)
+    print(report(results, arms, batches))
+    print(f"({time.perf_counter() - started:.0f} s)")
+    save()
 
 
 if __name__ == "__main__":
