@@ -1,0 +1,115 @@
+"""Record the network's forward and backward for one input shape as two CUDA graphs.
+
+What a recording does, in order (the rules of docs/performance.md):
+
+1. **Warm-up** (``warmup`` forward + backward passes on a side stream, as CUDA graphs require,
+   so cuDNN picks its algorithms and lazy state is built outside the capture). Warm-up updates
+   BatchNorm running statistics and may draw random numbers, so every buffer of the network and
+   the CUDA RNG state are saved before and restored after: a run with graphs sees the same
+   statistics as one without. Gradients are computed with ``torch.autograd.grad``, so no
+   ``param.grad`` is touched.
+2. **Capture** of the forward, then of the backward (``torch.autograd.grad`` of the
+   differentiable outputs with respect to the parameters, fed by static ``grad_outputs``),
+   both into ``pool``, one memory pool shared by every recording of the run. Sharing is safe
+   because a training step replays one recording's forward and backward back to back, and
+   each recording keeps its static buffers alive, so what one recording reuses of another's
+   pool is only that other recording's freed intermediates. Capture uses the thread-local
+   error mode, so the data loader's pin-memory thread may keep calling CUDA meanwhile.
+   Autocast runs with its weight-cast cache off while capturing (a cached cast made inside
+   a capture would point into graph memory after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+
+@dataclass
+class CudaRecording:
+    """Static buffers and the two graphs of one recorded input shape."""
+
+    static_input: torch.Tensor
+    outputs: list[torch.Tensor]
+    differentiable: list[bool]
+    spec: Any
+    grad_outputs: list[torch.Tensor]
+    grads: list[torch.Tensor | None]
+    forward_graph: torch.cuda.CUDAGraph
+    backward_graph: torch.cuda.CUDAGraph
+
+    def forward(self) -> None:
+        self.forward_graph.replay()
+
+    def backward(self) -> None:
+        self.backward_graph.replay()
+
+
+class CudaRecorder:
+    """``recorder(network, sample, params)`` for :class:`~falconet_graphs_cuda.graphed.
+    GraphedNetwork`, with one memory pool for all its recordings."""
+
+    def __init__(self, warmup: int = 3) -> None:
+        self.warmup = warmup
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(
+        self, network: nn.Module, sample: torch.Tensor, params: Sequence[nn.Parameter]
+    ) -> CudaRecording:
+        device_type = sample.device.type
+        autocast = torch.autocast(
+            device_type,
+            dtype=torch.get_autocast_dtype(device_type),
+            enabled=torch.is_autocast_enabled(device_type),
+            cache_enabled=False,
+        )
+        static_input = torch.empty_like(sample).copy_(sample)
+        buffers = [b.detach().clone() for b in network.buffers()]
+        rng = torch.cuda.get_rng_state(sample.device)
+        try:
+            side = torch.cuda.Stream(sample.device)
+            side.wait_stream(torch.cuda.current_stream(sample.device))
+            with torch.cuda.stream(side), autocast:
+                for _ in range(self.warmup):
+                    flat = tree_flatten(network(static_input))[0]
+                    wanted = [o for o in flat if o.requires_grad]
+                    torch.autograd.grad(
+                        wanted, params, [torch.ones_like(o) for o in wanted], allow_unused=True
+                    )
+                    del flat, wanted
+            torch.cuda.current_stream(sample.device).wait_stream(side)
+
+            forward_graph = torch.cuda.CUDAGraph()
+            with (
+                torch.cuda.graph(forward_graph, pool=self.pool, capture_error_mode="thread_local"),
+                autocast,
+            ):
+                flat, spec = tree_flatten(network(static_input))
+            differentiable = [o.requires_grad for o in flat]
+            wanted = [o for o in flat if o.requires_grad]
+            grad_outputs = [torch.empty_like(o) for o in wanted]
+            backward_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(
+                backward_graph, pool=self.pool, capture_error_mode="thread_local"
+            ):
+                grads = torch.autograd.grad(wanted, params, grad_outputs, allow_unused=True)
+        finally:  # the warm-up's statistics and random draws are not the run's
+            with torch.no_grad():
+                for buffer, saved in zip(network.buffers(), buffers, strict=True):
+                    buffer.copy_(saved)
+            torch.cuda.set_rng_state(rng, sample.device)
+        return CudaRecording(
+            static_input=static_input,
+            outputs=[o.detach() for o in flat],
+            differentiable=differentiable,
+            spec=spec,
+            grad_outputs=grad_outputs,
+            grads=list(grads),
+            forward_graph=forward_graph,
+            backward_graph=backward_graph,
+        )
