@@ -64,8 +64,11 @@ class BufferRecorder:
         self.recordings: list[BufferRecording] = []
 
     def __call__(self, network, sample, params):
-        if self.fail:  # what a capture that meets a host sync raises
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        if self.fail:  # what a capture that meets a host sync raises, then ending it
+            try:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+            finally:
+                raise RuntimeError("CUDA error: operation failed due to a previous error")
         self.recordings.append(BufferRecording(network, sample, params))
         return self.recordings[-1]
 
@@ -240,7 +243,10 @@ def test_a_failed_capture_runs_that_shape_eager_and_logs_once(caplog) -> None:
             torch.testing.assert_close(a["out"], b["out"], rtol=0, atol=0)
     assert graphed.counts["failed"] == 1 and graphed.counts["eager"] == 6
     assert caplog.text.count("could not capture") == 1
-    assert "operation not permitted when stream is capturing" in caplog.text
+    assert (  # the first error is named, not only the one ending the capture raised
+        "RuntimeError: CUDA error: operation not permitted when stream is capturing (then "
+        "RuntimeError: CUDA error: operation failed due to a previous error)" in caplog.text
+    )
 
 
 def test_the_backend_declines_where_it_cannot_run() -> None:

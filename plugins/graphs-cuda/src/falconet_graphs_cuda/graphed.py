@@ -148,8 +148,7 @@ class GraphedNetwork:
         try:
             recording = self.recorder(self.network, images, self.params)
         except Exception as exc:  # a failed capture comes in many types; each is logged
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self.failed[key] = f"{type(exc).__name__}: {first}"
+            self.failed[key] = describe_failure(exc)
             self.counts["failed"] += 1
             log.error(
                 "graph=cuda-graph could not capture the network for input %s: %s; that shape "
@@ -193,3 +192,18 @@ class GraphedNetwork:
         if old is None:
             return "state"
         return ", ".join(n for n, a, b in zip(names, old, new, strict=True) if a != b)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The first error of a failed capture, then the last: ending a broken capture raises
+    its own error ("operation failed due to a previous error during capture"), which would
+    otherwise hide the operation that broke it."""
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+    root = exc
+    while root.__context__ is not None and root.__context__ is not exc:
+        root = root.__context__
+    return line(exc) if root is exc else f"{line(root)} (then {line(exc)})"
