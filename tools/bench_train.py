@@ -428,9 +428,14 @@ def speed_table(results: list[dict], arms: list[str], batches: list[int]) -> str
             e2e = _median(results, arm, batch, "e2e", "img_s")
             cells = ["-" if e2e is None else f"{e2e:.0f}"]
             cells.append(f"{e2e / base:.2f}x" if e2e and base else "-")
-            for key in ("step_ms", "gpu_busy", "kernels_per_step", "syncs_per_step"):
+            for key, form in (
+                ("step_ms", "{:.1f}"),
+                ("gpu_busy", "{:.2f}"),
+                ("kernels_per_step", "{:,.0f}"),
+                ("syncs_per_step", "{:.0f}"),
+            ):
                 value = _median(results, arm, batch, "step", key)
-                cells.append("-" if value is None else f"{value:.3g}")
+                cells.append("-" if value is None else form.format(value))
             runs = sum(
                 1
                 for r in results
