@@ -29,41 +29,37 @@ ADD = "void at::native::vectorized_elementwise_kernel<4, add>"
 
 @pytest.fixture
 def trace():
+    """What the callback traces: the synchronised half, here two batches of 1000 µs."""
     t = Trace()
-    # two unsynchronised batches of 1000 µs, one synchronised batch of 2000 µs
-    t.span("user_annotation", "falconet/batch 5 unsynced", 0, 1000)
-    t.span("user_annotation", "falconet/batch 6 unsynced", 1000, 1000)
-    t.span("user_annotation", "falconet/batch 7 synced", 2000, 2000)
-    t.span("user_annotation", "falconet/forward", 2000, 500)
-    t.span("user_annotation", "falconet/backward", 2500, 1000)
-    t.span("gpu_user_annotation", "falconet/batch 7 synced", 2000, 2000)  # ignored
+    for batch, index in ((0, 5), (1000, 6)):
+        t.span("user_annotation", f"falconet/batch {index} synced", batch, 1000)
+        t.span("user_annotation", "falconet/forward", batch, 500)
+        t.span("user_annotation", "falconet/backward", batch + 500, 500)
+        t.span("cuda_runtime", "cudaDeviceSynchronize", batch + 499, 1)  # the clock's own
+        t.launch(batch + 10, batch + 100, 300, GEMM)  # forward
+        t.launch(batch + 40, batch + 400, 100, "Memcpy HtoD (Pageable -> Device)", "gpu_memcpy")
+        t.launch(batch + 510, batch + 520, 50, ADD)  # backward
+        t.launch(batch + 530, batch + 570, 50, ADD)
+    t.span("gpu_user_annotation", "falconet/batch 5 synced", 0, 1000)  # ignored
     t.launch(-50, -40, 30, ADD)  # before the window: not counted
-    for batch in (0, 1000):  # per unsynced batch: a 300 µs GEMM, two 50 µs adds, one copy
-        t.launch(batch + 10, batch + 100, 300, GEMM)
-        t.launch(batch + 20, batch + 400, 50, ADD)
-        t.launch(batch + 30, batch + 450, 50, ADD)
-        t.launch(batch + 40, batch + 500, 100, "Memcpy HtoD (Pageable -> Device)", "gpu_memcpy")
-    t.launch(1990, 2010, 20, ADD)  # launched in batch 6, runs just after it ends
+    t.launch(1990, 2010, 20, ADD)  # launched in batch 6's backward, runs just after it
     t.span("cuda_runtime", "cudaStreamSynchronize", 800, 20)
     t.span("cuda_runtime", "cudaStreamSynchronize", 1800, 20)
     t.span("cuda_runtime", "cudaMalloc", 1200, 40)
-    # the synchronised batch: our own device synchronisations are not counted
-    t.span("cuda_runtime", "cudaDeviceSynchronize", 2001, 5)
-    t.launch(2100, 2110, 400, GEMM)  # forward
-    t.launch(2600, 2610, 100, ADD)  # backward
     return {"traceEvents": t.events}
 
 
-def test_kernel_figures_come_from_the_unsynchronised_batches(trace):
+def test_kernel_figures_per_traced_batch(trace):
     gpu = analyse(trace)
+    assert gpu["traced_batches"] == 2
     assert gpu["kernels_per_step"] == pytest.approx(3.5)  # 7 kernels over 2 batches
     assert gpu["mean_kernel_us"] == pytest.approx((2 * 400 + 20) / 7)
     assert gpu["kernel_ms_per_step"] == pytest.approx(0.41)
-    # busy: [100, 600] in each batch (GEMM, adds, copy) = 1000 of 2000 µs; the late add
-    # runs after the unsynchronised batches end and is clipped
-    assert gpu["gpu_busy"] == pytest.approx(0.5)
+    # GPU busy per batch: [100, 500] (GEMM, copy) and [520, 620] (adds) = 500 µs; batch 6
+    # also owns the late add it launched: (500 + 520) / 2
+    assert gpu["gpu_ms_per_step"] == pytest.approx(0.51)
     assert gpu["memcpy_per_step"] == pytest.approx(1.0)
-    assert gpu["host_syncs_per_step"] == pytest.approx(1.0)
+    assert gpu["host_syncs_per_step"] == pytest.approx(1.0)  # the clock's are left out
     assert gpu["sync_calls"] == {"cudaStreamSynchronize": 2}
     assert gpu["cuda_malloc_per_step"] == pytest.approx(0.5)
     assert gpu["launches_per_step"] == pytest.approx(4.5)  # 9 launches in the two batches
@@ -74,13 +70,16 @@ def test_kernels_by_time_tensor_cores_and_phases(trace):
     top = gpu["top_kernels"]
     assert [row["name"] for row in top] == [GEMM, ADD]
     assert top[0]["tensor_core"] and not top[1]["tensor_core"]
-    assert top[0]["calls_per_step"] == pytest.approx(1.0)  # 3 calls over 3 measured batches
-    assert top[0]["ms_per_step"] == pytest.approx(1.0 / 3)
-    assert gpu["tensor_core_share"] == pytest.approx(1000 / (1000 + 320))
-    assert gpu["phase_gpu_ms"] == {"forward": pytest.approx(0.4), "backward": pytest.approx(0.1)}
+    assert top[0]["calls_per_step"] == pytest.approx(1.0)
+    assert top[0]["ms_per_step"] == pytest.approx(0.3)
+    assert gpu["tensor_core_share"] == pytest.approx(600 / (600 + 220))
+    assert gpu["phase_gpu_ms"] == {
+        "forward": pytest.approx(0.4),  # GEMM and copy
+        "backward": pytest.approx(0.11),  # the adds
+    }
 
 
-def test_lanes_hold_the_first_unsynchronised_batches(trace):
+def test_lanes_hold_the_first_traced_batches(trace):
     lanes = analyse(trace)["lanes"]
     assert lanes["lanes"] == ["kernels, stream 7", "copies, stream 7"]
     assert [b[2] for b in lanes["batches"]] == [5, 6]

@@ -1,10 +1,11 @@
 """The ``profiler`` callback that ``profile=true`` adds to a run.
 
 It counts batches from the start of the run. After ``profile_warmup`` discarded batches it
-swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases`` and, on CUDA,
-starts torch.profiler; it measures ``profile_steps`` batches (first half unsynchronised,
-second half synchronised around each phase), then restores ``trainer.phases``, stops the
-profiler, writes the artifacts into the run folder, logs the report and lets training go on,
+swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``; it measures
+``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
+loader wait), the second half synchronised around each phase and, on CUDA, under
+torch.profiler (kernel figures; GPU busy is their GPU time per batch over the first half's
+step time). Then it restores ``trainer.phases``, stops the profiler, writes the artifacts into the run folder, logs the report and lets training go on,
 or, with ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
@@ -119,6 +120,7 @@ class Profiler:
                 import torch
 
                 self.clock.synchronize = torch.cuda.synchronize
+                self._start_trace(trainer)
         self.clock.batch = BatchRecord(self.seen, part)
 
     def _start(self, trainer: Trainer) -> None:
@@ -126,11 +128,18 @@ class Profiler:
         if not self.cuda:
             return
         import torch
-        from torch.profiler import ProfilerActivity, profile, record_function
 
         torch.cuda.synchronize(trainer.device)
         torch.cuda.reset_peak_memory_stats(trainer.device)
         self._memory_snapshot(trainer)
+
+    def _start_trace(self, trainer: Trainer) -> None:
+        """torch.profiler over the synchronised half only: its per-operation cost on the host
+        would make the unsynchronised half's step time, which decides the verdict, unreal."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        torch.cuda.synchronize(trainer.device)
         self.torch_profiler = profile(
             activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
             record_shapes=False,
@@ -200,6 +209,9 @@ class Profiler:
         synced = half_timing(slow, trainer.accumulate)
         memory = self._memory_figures(trainer, len(fast))
         lanes = gpu.pop("lanes", None) if gpu else None
+        if gpu:  # busy: the traced half's GPU time per batch over the real step time
+            step_ms = unsynced["step_ms"]["mean"]
+            gpu["gpu_busy"] = min(gpu["gpu_ms_per_step"] / step_ms, 1.0) if step_ms else 0.0
         if gpu and synced["phases"]:
             for name, ms in gpu.get("phase_gpu_ms", {}).items():
                 if name in synced["phases"]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,6 +36,8 @@ SYNC_CALLS = frozenset(
         "cuEventSynchronize",
     }
 )
+CLOCK_SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cuCtxSynchronize"})
+"""What ``torch.cuda.synchronize`` calls: the phase clock's own syncs in the traced half."""
 MALLOC_CALLS = frozenset(
     {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate"}
 )
@@ -63,7 +66,7 @@ TENSOR_CORE_MARKS = (
 BATCH_LABEL = re.compile(r"^falconet/batch (\d+) (unsynced|synced)$")
 PHASE_PREFIX = "falconet/"
 LANE_BATCHES = 2
-"""How many unsynchronised batches the kernel lanes of ``timeline.html`` show."""
+"""How many traced batches the kernel lanes of ``timeline.html`` show."""
 LANE_CAP = 20000
 LANE_KINDS = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "memsets"}
 
@@ -81,11 +84,11 @@ def is_tensor_core(name: str) -> bool:
     return any(mark in lowered for mark in TENSOR_CORE_MARKS)
 
 
-def _union_ms(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
-    """Milliseconds covered by the union of ``(start, end)`` microsecond intervals, clipped."""
-    covered, reach = 0.0, lo
+def _union_ms(intervals: Iterable[tuple[float, float]]) -> float:
+    """Milliseconds covered by the union of ``(start, end)`` microsecond intervals."""
+    covered, reach = 0.0, -math.inf
     for start, end in sorted(intervals):
-        start, end = max(start, reach), min(end, hi)
+        start = max(start, reach)
         if end > start:
             covered += end - start
             reach = end
@@ -93,11 +96,17 @@ def _union_ms(intervals: Iterable[tuple[float, float]], lo: float, hi: float) ->
 
 
 def analyse(trace: dict[str, Any]) -> dict[str, Any] | None:
-    """Kernel figures of the measured batches, or ``None`` when the trace holds no GPU event.
+    """Kernel figures per batch of the traced batches, or ``None`` when the trace holds no
+    GPU event.
 
-    Per step figures (``kernels_per_step``, ``gpu_busy``, ``host_syncs_per_step``, ...) come
-    from the unsynchronised batches only; ``top_kernels`` and ``tensor_core_share`` from every
-    measured batch; ``phase_gpu_ms`` (kernel time per phase) from the synchronised ones.
+    torch.profiler runs over the window's synchronised half only (its per-operation cost
+    would otherwise slow the unsynchronised half, whose step time must be the real one), so
+    every figure is per traced batch: kernels, kernel time, ``gpu_ms_per_step`` (the time the
+    GPU was busy: the union of the batch's kernels, copies and memsets), launches, host syncs,
+    device allocations, Tensor-Core share, top kernels, kernel time per phase. Synchronising
+    changes when kernels start, not how many run nor how long each takes. The callback turns
+    ``gpu_ms_per_step`` into the GPU-busy fraction with the unsynchronised step time. Host
+    syncs leave out ``cudaDeviceSynchronize``: that is the phase clock's own call.
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     batches: list[tuple[float, float, int, str]] = []
@@ -127,51 +136,47 @@ def analyse(trace: dict[str, Any]) -> dict[str, Any] | None:
         if "correlation" in e.get("args", {})
     }
 
-    def batch_of(ts: float) -> tuple[float, float, int, str] | None:
+    def batch_of(ts: float) -> int | None:
         at = bisect.bisect_right(starts, ts) - 1
-        if at >= 0 and ts <= batches[at][1]:
-            return batches[at]
-        return None
+        return at if at >= 0 and ts <= batches[at][1] else None
 
-    unsynced = [b for b in batches if b[3] == "unsynced"]
-    synced_count = len(batches) - len(unsynced)
-    per_half: dict[str, list[Launched]] = {"unsynced": [], "synced": []}
+    owned: list[list[Launched]] = [[] for _ in batches]
     for event in gpu:
         correlation = event.get("args", {}).get("correlation")
         launch = launched_at.get(correlation, float(event["ts"]))
-        owner = batch_of(launch)
-        if owner is not None:
-            per_half[owner[3]].append((event, launch))
-    calls = {"unsynced": {}, "synced": {}}
+        at = batch_of(launch)
+        if at is not None:
+            owned[at].append((event, launch))
+    calls: dict[str, int] = {}
     for event in runtime:
-        owner = batch_of(float(event["ts"]))
-        if owner is not None:
-            table = calls[owner[3]]
-            table[event["name"]] = table.get(event["name"], 0) + 1
-    steps = max(len(unsynced), 1)
-    fast = [e for e, _ in per_half["unsynced"]]
-    kernels = [e for e in fast if e.get("cat") == "kernel"]
-    lo, hi = (unsynced[0][0], unsynced[-1][1]) if unsynced else (0.0, 0.0)
-    busy_ms = _union_ms(((float(e["ts"]), float(e["ts"]) + e.get("dur", 0)) for e in fast), lo, hi)
+        if batch_of(float(event["ts"])) is not None:
+            calls[event["name"]] = calls.get(event["name"], 0) + 1
+    steps = len(batches)
+    every = [e for batch in owned for e, _ in batch]
+    kernels = [e for e in every if e["cat"] == "kernel"]
     kernel_us = [float(e.get("dur", 0)) for e in kernels]
-    syncs = {k: v for k, v in calls["unsynced"].items() if k in SYNC_CALLS}
-    every = [e for e, _ in per_half["unsynced"] + per_half["synced"] if e["cat"] == "kernel"]
+    busy_ms = sum(
+        _union_ms(((float(e["ts"]), float(e["ts"]) + e.get("dur", 0)) for e, _ in batch))
+        for batch in owned
+    )
+    syncs = {k: v for k, v in calls.items() if k in SYNC_CALLS and k not in CLOCK_SYNC_CALLS}
     return {
+        "traced_batches": steps,
         "kernels_per_step": len(kernels) / steps,
         "mean_kernel_us": sum(kernel_us) / len(kernel_us) if kernel_us else 0.0,
         "kernel_ms_per_step": sum(kernel_us) / 1000 / steps,
-        "gpu_busy": busy_ms / ((hi - lo) / 1000) if hi > lo else 0.0,
-        "memcpy_per_step": sum(e.get("cat") == "gpu_memcpy" for e in fast) / steps,
-        "launches_per_step": sum(v for k, v in calls["unsynced"].items() if k in LAUNCH_CALLS)
-        / steps,
+        "gpu_ms_per_step": busy_ms / steps,
+        "memcpy_per_step": sum(e["cat"] == "gpu_memcpy" for e in every) / steps,
+        "launches_per_step": sum(v for k, v in calls.items() if k in LAUNCH_CALLS) / steps,
         "host_syncs_per_step": sum(syncs.values()) / steps,
         "sync_calls": dict(sorted(syncs.items())),
-        "cuda_malloc_per_step": sum(v for k, v in calls["unsynced"].items() if k in MALLOC_CALLS)
-        / steps,
-        "tensor_core_share": _tensor_core_share(every),
-        "top_kernels": top_kernels(every, len(unsynced) + synced_count),
-        "phase_gpu_ms": _phase_gpu_ms(per_half["synced"], phase_spans, synced_count),
-        "lanes": _lanes(per_half["unsynced"], unsynced[:LANE_BATCHES]),
+        "cuda_malloc_per_step": sum(v for k, v in calls.items() if k in MALLOC_CALLS) / steps,
+        "tensor_core_share": _tensor_core_share(kernels),
+        "top_kernels": top_kernels(kernels, steps),
+        "phase_gpu_ms": _phase_gpu_ms([x for batch in owned for x in batch], phase_spans, steps),
+        "lanes": _lanes(
+            [x for batch in owned[:LANE_BATCHES] for x in batch], batches[:LANE_BATCHES]
+        ),
     }
 
 
