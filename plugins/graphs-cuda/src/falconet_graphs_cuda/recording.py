@@ -18,13 +18,15 @@ What a recording does, in order (the rules of docs/performance.md):
    Autocast runs with its weight-cast cache off while capturing (a cached cast made inside
    a capture would point into graph memory after it).
 
-Warm-up and capture call the network through :func:`torch.func.functional_call` with fresh
-leaf tensors that share the parameters' storage (so replays read the weights the optimizer
-updates in place). With the parameters themselves, autograd reuses each parameter's
-gradient-accumulator node while a previous step's graph is still referenced (the trainer
-holds the last loss), and that node belongs to the stream it was made on: the backward
-capture then made the legacy stream wait on the capturing one and failed, on the H200, with
-"operation would make the legacy stream depend on a capturing blocking stream".
+Warm-up and capture each call the network through :func:`torch.func.functional_call` with
+their own fresh leaf tensors that share the parameters' storage (so replays read the weights
+the optimizer updates in place). With the parameters themselves, autograd reuses each
+parameter's gradient-accumulator node while a previous step's graph is still referenced (the
+trainer holds the last loss), and that node keeps the stream it was made on (the default
+one): the backward capture then made the legacy stream wait on the capturing one and failed,
+on the H200, with "operation would make the legacy stream depend on a capturing blocking
+stream" (PyTorch calls this a stale stream reference of a leaf; pytorch/pytorch#180090).
+Leaves made inside the capture have their nodes made on the capture stream.
 """
 
 from __future__ import annotations
@@ -79,11 +81,11 @@ class CudaRecorder:
         )
         static_input = torch.empty_like(sample).copy_(sample)
         names = [name for name, p in network.named_parameters() if p.requires_grad]
-        leaves = {name: p.detach().requires_grad_() for name, p in zip(names, params, strict=True)}
-        inputs = list(leaves.values())
 
-        def run(x: torch.Tensor) -> Any:
-            return functional_call(network, leaves, (x,))
+        def fresh_leaves() -> dict[str, torch.Tensor]:
+            return {
+                name: p.detach().requires_grad_() for name, p in zip(names, params, strict=True)
+            }
 
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(sample.device)
@@ -91,11 +93,15 @@ class CudaRecorder:
             side = torch.cuda.Stream(sample.device)
             side.wait_stream(torch.cuda.current_stream(sample.device))
             with torch.cuda.stream(side), autocast:
+                leaves = fresh_leaves()
                 for _ in range(self.warmup):
-                    flat = tree_flatten(run(static_input))[0]
+                    flat = tree_flatten(functional_call(network, leaves, (static_input,)))[0]
                     wanted = [o for o in flat if o.requires_grad]
                     torch.autograd.grad(
-                        wanted, inputs, [torch.ones_like(o) for o in wanted], allow_unused=True
+                        wanted,
+                        list(leaves.values()),
+                        [torch.ones_like(o) for o in wanted],
+                        allow_unused=True,
                     )
                     del flat, wanted
             torch.cuda.current_stream(sample.device).wait_stream(side)
@@ -105,7 +111,8 @@ class CudaRecorder:
                 torch.cuda.graph(forward_graph, pool=self.pool, capture_error_mode="thread_local"),
                 autocast,
             ):
-                flat, spec = tree_flatten(run(static_input))
+                leaves = fresh_leaves()  # accumulator nodes made here, on the capture stream
+                flat, spec = tree_flatten(functional_call(network, leaves, (static_input,)))
             differentiable = [o.requires_grad for o in flat]
             wanted = [o for o in flat if o.requires_grad]
             grad_outputs = [torch.empty_like(o) for o in wanted]
@@ -113,7 +120,9 @@ class CudaRecorder:
             with torch.cuda.graph(
                 backward_graph, pool=self.pool, capture_error_mode="thread_local"
             ):
-                grads = torch.autograd.grad(wanted, inputs, grad_outputs, allow_unused=True)
+                grads = torch.autograd.grad(
+                    wanted, list(leaves.values()), grad_outputs, allow_unused=True
+                )
         finally:  # the warm-up's statistics and random draws are not the run's
             with torch.no_grad():
                 for buffer, saved in zip(network.buffers(), buffers, strict=True):
