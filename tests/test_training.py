@@ -305,4 +305,4 @@ def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_fa
     batch = ["data", "to-device", "forward", "loss", "backward"]
     update = ["optimizer", "ema"]
     assert seen == batch + batch + update + batch + update  # 3 batches, accumulate 2
-    assert set(seen) == set(PHASES)
+    assert set(seen) == set(PHASES) - {"step"}  # "step": a backend replaying the whole step

@@ -62,6 +62,10 @@ class ModelFamily(Protocol):
         """Training keys this model trains best with (``optimizer``, ``lr0``, ``imgsz``, ...)."""
         ...
 
+    # Optional: ``static_loss(assigner) -> bool``, whether the loss built with that assigner
+    # is static-shaped and free of host synchronisation for a fixed input shape and target
+    # bucket, so a graph backend may capture the whole step (absent: no).
+
     def capture_region(self, model: nn.Module) -> nn.Module | None:
         """The submodule a graph backend may capture or compile, or ``None`` for none.
 
@@ -199,7 +203,9 @@ class DispatchContext:
 
     ``capture_region`` is the family's declared region (``None``: the family declares none);
     ``world_size`` is 1 outside distributed runs; ``options`` holds the run's resolved training
-    keys, so a backend reads its own (``compile_mode`` for ``compile``).
+    keys, so a backend reads its own (``compile_mode`` for ``compile``); ``static_loss`` says
+    whether the family declares its loss static-shaped with the run's assigner (see
+    :class:`ModelFamily`), which a backend capturing the whole step needs.
     """
 
     device: torch.device
@@ -207,11 +213,20 @@ class DispatchContext:
     world_size: int = 1
     capture_region: nn.Module | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    static_loss: bool = False
 
 
 @runtime_checkable
 class GraphBackend(Protocol):
-    """How the network call is dispatched: eagerly, compiled, or replayed from a CUDA graph."""
+    """How the network call is dispatched: eagerly, compiled, or replayed from a CUDA graph.
+
+    Optionally a backend also takes over the whole step: ``wrap_step(trainer)`` returns a
+    callable ``runner(images, targets, *, optimizer_step) -> (loss, parts) | None`` that the
+    trainer calls in place of its step (the trainer has applied the learning-rate schedule to
+    its optimizer before an updating batch and counts the update); ``None`` means "run this
+    batch eagerly". The runner must leave the trainer's model, optimizer state and EMA as the
+    eager step would, so checkpoints and resume do not depend on the backend.
+    """
 
     name: str
     summary: str

@@ -49,6 +49,12 @@ class YoloFamily:
             "assigner": "tal",
         }
 
+    def static_loss(self, assigner: str) -> bool:
+        """With ``tal`` the loss is static-shaped for a fixed input size and target bucket and
+        reads nothing back to the host, so the whole step can be one graph; SimOTA's dynamic-k
+        and Hungarian matching (on the CPU) are not."""
+        return assigner == "tal"
+
     def capture_region(self, model: Any):
         """The whole network: static shapes for a fixed input size, no data-dependent
         Python control flow (anchors are cached per input size)."""

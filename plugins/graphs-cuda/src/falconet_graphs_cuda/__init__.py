@@ -1,4 +1,5 @@
-"""falconet plugin: the ``cuda-graph`` graph backend. Torch is imported only when it is used."""
+"""falconet plugin: the ``cuda-graph`` and ``whole-step`` graph backends (torch is imported
+only when one is used)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from falconet.registry import Register
 
 
 def register_graph_backends(register: Register) -> None:
-    from falconet_graphs_cuda.backend import CudaGraphDispatch
+    from falconet_graphs_cuda.backend import CudaGraphDispatch, WholeStepDispatch
 
     register(CudaGraphDispatch())
+    register(WholeStepDispatch())

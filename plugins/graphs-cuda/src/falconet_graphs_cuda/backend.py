@@ -41,3 +41,39 @@ class CudaGraphDispatch:
         from falconet_graphs_cuda.recording import CudaRecorder
 
         return GraphedNetwork(network, CudaRecorder(), capture_after=CAPTURE_AFTER)
+
+
+class WholeStepDispatch:
+    """Record the whole step (forward, loss, backward, clip, SGD, EMA) per input shape and
+    target bucket; replay it. Needs a family whose loss is static-shaped with the run's
+    assigner (YOLO with ``tal``)."""
+
+    name = "whole-step"
+    summary = "CUDA-graph capture of the whole training step (static-shaped loss, SGD, bf16/fp32)"
+
+    def decline_reason(self, context: DispatchContext) -> str | None:
+        reason = CudaGraphDispatch().decline_reason(context)
+        options = context.options
+        if reason is not None:
+            return reason
+        if not context.static_loss:
+            return (
+                f"the model family declares no static-shaped loss with "
+                f"assigner={options.get('assigner')}"
+            )
+        if context.precision == "fp16":
+            return "fp16's gradient scaler reads its overflow check on the host every step"
+        if options.get("optimizer", "sgd") != "sgd":
+            return f"optimizer={options.get('optimizer')}: only sgd is captured so far"
+        if not options.get("momentum", 0.0):
+            return "SGD without momentum is not captured (the update reads momentum buffers)"
+        return None
+
+    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
+        return network  # batches not (yet) recorded run the trainer's eager step
+
+    def wrap_step(self, trainer: Any) -> Any:
+        from falconet_graphs_cuda.recording import CudaStepRecorder
+        from falconet_graphs_cuda.whole_step import WholeStepRunner
+
+        return WholeStepRunner(trainer, CudaStepRecorder(), capture_after=CAPTURE_AFTER)

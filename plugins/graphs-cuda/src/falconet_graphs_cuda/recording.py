@@ -138,3 +138,105 @@ class CudaRecorder:
             forward_graph=forward_graph,
             backward_graph=backward_graph,
         )
+
+
+class CudaMicro:
+    """One recorded forward + loss + backward of the whole step (static images and targets)."""
+
+    def __init__(self, bucket: int, images, targets, loss, parts, graph) -> None:
+        self.bucket = bucket
+        self.images, self.targets = images, targets
+        self.loss, self.parts, self.graph = loss, parts, graph
+
+    def replay(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
+        self.images.copy_(images)
+        for name, static in self.targets.items():
+            static.copy_(targets[name])
+        self.graph.replay()
+        return self.loss, self.parts
+
+
+class CudaUpdate:
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaStepRecorder:
+    """Records :class:`~falconet_graphs_cuda.static_step.StaticStep`'s two functions as CUDA
+    graphs, with the rules of :class:`CudaRecorder` (side-stream warm-up, state restored after
+    it, one shared pool, thread-local capture mode). The update's warm-up runs once on the real
+    tensors and everything it changed (weights, momentum buffers, EMA, gradients) is restored."""
+
+    def __init__(self, warmup: int = 3) -> None:
+        self.warmup = warmup
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def micro(self, step, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: int):
+        device = images.device
+        static_images = images.clone()
+        static_targets = {k: v.clone() for k, v in targets.items()}
+        network = step.network
+        buffers = [b.detach().clone() for b in network.buffers()]
+        rng = torch.cuda.get_rng_state(device)
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side), _no_autocast_cache(device.type):
+                for _ in range(self.warmup):
+                    step.micro(static_images, static_targets, accumulate=False)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with (
+                torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+                _no_autocast_cache(device.type),
+            ):
+                loss, parts = step.micro(static_images, static_targets)
+        finally:
+            with torch.no_grad():
+                for buffer, saved in zip(network.buffers(), buffers, strict=True):
+                    buffer.copy_(saved)
+            torch.cuda.set_rng_state(rng, device)
+        return CudaMicro(bucket, static_images, static_targets, loss, parts, graph)
+
+    def update(self, step) -> CudaUpdate:
+        trainer = step.trainer
+        device = trainer.device
+        tensors = list(step.params) + list(step.grads)
+        tensors += [trainer.optimizer.state[p]["momentum_buffer"] for p in step.params]
+        floats, others = step.ema_tensors()
+        tensors += floats[0] + others[0]
+        saved = [t.detach().clone() for t in tensors]
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                step.update()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                step.update()
+        finally:  # the warm-up's update is not the run's
+            with torch.no_grad():
+                for tensor, value in zip(tensors, saved, strict=True):
+                    tensor.copy_(value)
+        return CudaUpdate(graph)
+
+
+def _no_autocast_cache(device_type: str):
+    """The trainer's autocast (entered inside ``micro``) with the weight-cast cache off: a
+    nested context whose setting the inner one inherits."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def off():
+        previous = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        try:
+            yield
+        finally:
+            torch.set_autocast_cache_enabled(previous)
+
+    return off()

@@ -5,8 +5,9 @@ swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
 loader wait), the second half synchronised around each phase and, on CUDA, under
 torch.profiler (kernel figures; GPU busy is their GPU time per batch over the first half's
-step time). Then it restores ``trainer.phases``, stops the profiler, writes the artifacts into the run folder, logs the report and lets training go on,
-or, with ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
+step time). Then it restores ``trainer.phases``, stops the profiler, writes the artifacts
+into the run folder, logs the report and lets training go on, or, with
+``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
 Distributed runs: rank 0 profiles; the other ranks count the same batches without timing

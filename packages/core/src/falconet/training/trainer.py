@@ -102,13 +102,17 @@ class Trainer:
         self.schedule = Schedule(cfg, math.ceil(self.steps_in_epoch / self.accumulate))
         self.scaler = self.precision.grad_scaler(self.device)
         self.ema = ModelEMA(self.model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+        static_loss = getattr(self.family, "static_loss", None)
         context = DispatchContext(
             self.device,
             self.precision.name,
             capture_region=self.family.capture_region(self.model),
             options=cfg.model_dump(),
+            static_loss=bool(static_loss and static_loss(cfg.assigner)),
         )
         self.graph, self.network = choose_dispatch(cfg.graph, context, self.model, plugins)
+        wrap_step = getattr(plugins.graph_backends.get(self.graph), "wrap_step", None)
+        self.step_runner = wrap_step(self) if wrap_step is not None else None
         self.epoch = self.step = self.bad_validations = 0
         self.best, self.best_epoch = -math.inf, 0
         self.batch_in_epoch, self.logged = 0, {}
@@ -224,7 +228,17 @@ class Trainer:
         self, images: torch.Tensor, targets: dict[str, torch.Tensor], *, optimizer_step: bool
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward, loss and backward of one batch on the device; then, if ``optimizer_step``,
-        the optimizer step and EMA update. Returns the loss and its parts (device tensors)."""
+        the optimizer step and EMA update. Returns the loss and its parts (device tensors).
+
+        A backend's step runner (``graph=whole-step``) does all of it where it can."""
+        if self.step_runner is not None:
+            if optimizer_step:
+                self.schedule.apply(self.optimizer, self.step, self.epoch)
+            with self.phases("step"):
+                done = self.step_runner(images, targets, optimizer_step=optimizer_step)
+            if done is not None:
+                self.step += optimizer_step
+                return done
         with self.phases("forward"), self.precision.autocast(self.device):
             outputs = self.network(images)
         with self.phases("loss"):

@@ -1,0 +1,165 @@
+"""``graph=whole-step``: forward, loss, backward, clipping, optimizer and EMA replayed from CUDA
+graphs, for a family whose loss is static-shaped.
+
+:class:`WholeStepRunner` is what the trainer calls in place of its step
+(:meth:`Trainer.train_batch`). Per batch:
+
+* the **key** is the image shape and the targets' box bucket ``M`` (the loader pads targets to
+  a power of two, ``falconet.data.loader.collate``). A batch whose ``M`` fits a recorded bucket
+  of the same image shape is padded up to it (padded rows are ignored through ``counts``) and
+  replayed; another key is counted and recorded on its ``capture_after``-th call, once the
+  optimizer has its momentum buffers (its first eager step makes them). Until then the runner
+  returns ``None`` and the trainer runs the step eagerly, so a batch with more boxes than any
+  bucket runs eager until its larger bucket has repeated;
+* each recording is the forward + loss + backward graph of its key; one more graph, shared by
+  every key, is the optimizer step (clip, SGD, EMA, zero gradients), replayed on the batches
+  that update the weights (every ``accumulate``-th). Learning rates, momenta and the EMA weight
+  are device tensors filled before each replay (:mod:`falconet_graphs_cuda.static_step`);
+* a recording that fails is logged once and the run continues eagerly (the same decision as
+  ``cuda-graph``, docs/performance.md).
+
+Eager and replayed batches mix freely inside an accumulation window: the static gradient
+buffers are the parameters' ``.grad`` whenever the runner replays, and an eager batch adds
+into them as autograd does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from falconet_graphs_cuda.graphed import describe_failure
+from falconet_graphs_cuda.static_step import StaticStep
+
+if TYPE_CHECKING:
+    from falconet.training.trainer import Trainer
+
+log = logging.getLogger("falconet.train")
+
+TARGETS = ("boxes", "labels", "counts")
+
+
+class MicroRecording(Protocol):
+    """A recorded forward + loss + backward for one (image shape, bucket)."""
+
+    bucket: int
+
+    def replay(
+        self, images: torch.Tensor, targets: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+class UpdateRecording(Protocol):
+    def replay(self) -> None: ...
+
+
+class StepRecorder(Protocol):
+    """Records the two kinds of graph; raises when it cannot."""
+
+    def micro(
+        self, step: StaticStep, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: int
+    ) -> MicroRecording: ...
+
+    def update(self, step: StaticStep) -> UpdateRecording: ...
+
+
+def pad_targets(targets: dict[str, torch.Tensor], bucket: int) -> dict[str, torch.Tensor]:
+    """``boxes``/``labels`` padded with zero rows to ``bucket`` rows (``counts`` unchanged)."""
+    m = targets["boxes"].shape[1]
+    if m == bucket:
+        return {k: targets[k] for k in TARGETS}
+    boxes = targets["boxes"].new_zeros(targets["boxes"].shape[0], bucket, 4)
+    labels = targets["labels"].new_zeros(targets["labels"].shape[0], bucket)
+    boxes[:, :m] = targets["boxes"]
+    labels[:, :m] = targets["labels"]
+    return {"boxes": boxes, "labels": labels, "counts": targets["counts"]}
+
+
+class WholeStepRunner:
+    """The trainer's step, replayed from graphs where recorded (module docstring)."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        recorder: StepRecorder,
+        capture_after: int = 3,
+    ) -> None:
+        self.trainer = trainer
+        self.step = StaticStep(trainer)
+        self.recorder = recorder
+        self.capture_after = capture_after
+        self.micros: dict[tuple, list[MicroRecording]] = {}  # image key -> buckets, ascending
+        self.update: UpdateRecording | None = None
+        self.seen: dict[tuple, int] = {}
+        self.failed: str | None = None
+        self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "failed": 0}
+
+    def __call__(
+        self, images: torch.Tensor, targets: dict[str, torch.Tensor], *, optimizer_step: bool
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """The step's loss and parts, or ``None``: the trainer runs this batch eagerly."""
+        image_key = (tuple(images.shape), images.stride(), images.dtype)
+        m = targets["boxes"].shape[1]
+        recording = next((r for r in self.micros.get(image_key, ()) if r.bucket >= m), None)
+        if recording is None:
+            recording = self._maybe_record(image_key, images, targets, m)
+            if recording is None:
+                self.counts["eager"] += 1
+                return None
+        if self.step.params[0].grad is not self.step.grads[0]:
+            self.step.bind()  # an eager optimizer step dropped .grad, or the first replay
+        self.step.fill_scalars(update=optimizer_step)
+        loss, parts = recording.replay(images, pad_targets(targets, recording.bucket))
+        if optimizer_step:
+            self.update.replay()
+            self.step.after_update()
+        self.counts["replayed"] += 1
+        return loss, parts
+
+    def _maybe_record(
+        self, image_key: tuple, images: torch.Tensor, targets: dict[str, torch.Tensor], m: int
+    ) -> MicroRecording | None:
+        if self.failed is not None or not self.step.ready():
+            return None
+        key = (image_key, m)
+        seen = self.seen[key] = self.seen.get(key, 0) + 1
+        if seen < self.capture_after:
+            return None
+        recorder = self.recorder
+        self.step.bind()  # the update graph reads and zeroes the static gradients
+        try:
+            recording = recorder.micro(self.step, images, pad_targets(targets, m), m)
+            if self.update is None:
+                self.update = recorder.update(self.step)
+        except Exception as exc:  # a failed capture comes in many types; each is logged
+            self.failed = describe_failure(exc)
+            self.counts["failed"] += 1
+            log.error(
+                "graph=whole-step could not capture the step for input %s with %d target "
+                "slots: %s; the run continues eagerly",
+                list(images.shape),
+                m,
+                self.failed,
+            )
+            return None
+        buckets = self.micros.setdefault(image_key, [])
+        buckets.append(recording)
+        buckets.sort(key=lambda r: r.bucket)
+        self.counts["recorded"] += 1
+        log.info(
+            "graph=whole-step: captured the step for input %s with %d target slots",
+            list(images.shape),
+            m,
+        )
+        return recording
+
+
+def describe(runner: WholeStepRunner) -> dict[str, Any]:
+    """Counts and buckets, for logs and the GPU check script."""
+    return {
+        **runner.counts,
+        "buckets": {str(list(k[0])): [r.bucket for r in v] for k, v in runner.micros.items()},
+        "failed_with": runner.failed,
+    }

@@ -1,0 +1,282 @@
+"""graph=whole-step's logic on the CPU: the static step (device-tensor learning rate, momentum
+and EMA weight; gradients into static buffers) trains like the trainer's eager step; the
+runner's buckets, eager fallbacks and accumulation windows.
+
+CUDA graphs need a GPU, so the recorder here runs the recorded functions eagerly on the same
+static buffers (what a replay reads and writes); tools/check_graphs.py checks the recording on
+the GPU machine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from falconet.interfaces import DispatchContext
+from falconet.training.setup import plan_run
+from falconet.training.trainer import TARGET_KEYS, Trainer
+from falconet_graphs_cuda.backend import WholeStepDispatch
+from falconet_graphs_cuda.whole_step import WholeStepRunner, pad_targets
+
+
+class EagerMicro:
+    def __init__(self, step, images, targets, bucket):
+        self.step, self.bucket = step, bucket
+        self.images = images.clone()
+        self.targets = {k: v.clone() for k, v in targets.items()}
+        self.replays = 0
+
+    def replay(self, images, targets):
+        self.images.copy_(images)
+        for name, static in self.targets.items():
+            static.copy_(targets[name])
+        self.replays += 1
+        return self.step.micro(self.images, self.targets)
+
+
+class EagerUpdate:
+    def __init__(self, step):
+        self.step = step
+
+    def replay(self):
+        self.step.update()
+
+
+class EagerStepRecorder:
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.micros: list[EagerMicro] = []
+
+    def micro(self, step, images, targets, bucket):
+        if self.fail:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        self.micros.append(EagerMicro(step, images, targets, bucket))
+        return self.micros[-1]
+
+    def update(self, step):
+        return EagerUpdate(step)
+
+
+@pytest.fixture
+def keys(tiny_run):
+    # 24 images, batch 4: 6 batches an epoch; nbs 8: accumulate 2
+    return {**tiny_run, "batch": "4", "nbs": "8", "val": "false", "optimizer": "sgd"}
+
+
+def trainer_for(keys, plugins, recorder=None) -> Trainer:
+    trainer = Trainer(plan_run(keys, plugins), plugins)
+    if recorder is not None:
+        trainer.step_runner = WholeStepRunner(trainer, recorder)
+    return trainer
+
+
+def batches(trainer, n: int) -> list[dict[str, torch.Tensor]]:
+    out = []
+    while len(out) < n:
+        for batch in trainer.train_loader:
+            out.append(batch)
+            if len(out) == n:
+                break
+    return out
+
+
+def train(trainer, data, targets_of=lambda t: t):
+    losses = []
+    for i, batch in enumerate(data):
+        images = batch["images"].float().div_(255)
+        targets = targets_of({k: batch[k] for k in TARGET_KEYS})
+        update = (i + 1) % trainer.accumulate == 0
+        loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def state(trainer) -> list[torch.Tensor]:
+    tensors = list(trainer.model.state_dict().values())
+    tensors += list(trainer.ema.module.state_dict().values())
+    tensors += [s["momentum_buffer"] for s in trainer.optimizer.state.values()]
+    return tensors
+
+
+def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plugins):
+    plugins = installed_falconet_plugins
+    eager = trainer_for(keys, plugins)
+    recorder = EagerStepRecorder()
+    whole = trainer_for(keys, plugins, recorder)
+    data = batches(eager, 12)
+    reference = train(eager, data)
+    got = train(whole, data)
+    runner = whole.step_runner
+    # eager until the optimizer's first step has made its momentum buffers and a (shape,
+    # bucket) key has been seen 3 times; replayed from then on (the set has two buckets)
+    counts = runner.counts
+    assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
+    assert counts["eager"] + counts["replayed"] == 12
+    assert sum(m.replays for m in recorder.micros) == counts["replayed"]
+    assert whole.step == eager.step == 6 and whole.ema.updates == eager.ema.updates
+    # the first replayed update differs from torch.optim.SGD's by rounding (about 1e-8, see
+    # static_step's docstring); training carries that along: close, not equal. The update's
+    # arithmetic is checked exactly in float64 below.
+    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
+    for a, b in zip(state(eager), state(whole), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_the_static_update_is_torch_sgd_clip_and_ema(nesterov, clip):
+    """In float64, where rounding is ~1e-16: the static update (learning rate and momentum as
+    tensors) against clip_grad_norm_ + torch.optim.SGD + ModelEMA, for three groups with their
+    own learning rates, momenta and weight decay."""
+    from types import SimpleNamespace
+
+    from falconet.training.optimization import ModelEMA, parameter_groups
+    from falconet_graphs_cuda.static_step import StaticStep
+
+    def setup():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 2, 1)
+        ).double()
+        groups = parameter_groups(net, 5e-4, False)
+        optimizer = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
+        cfg = SimpleNamespace(clip_grad=clip, batch=4)
+        trainer = SimpleNamespace(
+            model=net,
+            optimizer=optimizer,
+            cfg=cfg,
+            ema=ModelEMA(net, 0.9999, 2000),
+            device=torch.device("cpu"),
+        )
+        return trainer
+
+    def set_grads(trainer, seed):
+        g = torch.Generator().manual_seed(seed)
+        for p in trainer.model.parameters():
+            p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+    def schedule(trainer, k):
+        for i, group in enumerate(trainer.optimizer.param_groups):
+            group["lr"], group["momentum"] = 0.01 * (i + 1) / (k + 1), 0.8 + 0.01 * k
+
+    eager, static = setup(), setup()
+    step = StaticStep(static)
+    for k in range(4):
+        schedule(eager, k)
+        set_grads(eager, k)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(eager.model.parameters(), clip, foreach=True)
+        eager.optimizer.step()
+        eager.ema.update(eager.model)
+        schedule(static, k)
+        set_grads(static, k)
+        if k == 0:  # the first step is torch's own: it makes the momentum buffers
+            if clip:
+                torch.nn.utils.clip_grad_norm_(static.model.parameters(), clip, foreach=True)
+            static.optimizer.step()
+            static.ema.update(static.model)
+            continue
+        assert step.ready()
+        step.bind()
+        for p, grad in zip(step.params, [p.grad.clone() for p in step.params], strict=True):
+            p.grad.copy_(grad)
+        step.fill_scalars(update=True)
+        step.update()
+        step.after_update()
+        assert all(float(g.abs().sum()) == 0 for g in step.grads)  # zeroed for the next window
+    emas = (eager.ema.module.state_dict().values(), static.ema.module.state_dict().values())
+    params = list(zip(eager.model.parameters(), static.model.parameters(), strict=True))
+    state_a, state_b = eager.optimizer.state, static.optimizer.state
+    pairs = [
+        *params,
+        *zip(*emas, strict=True),
+        *((state_a[a]["momentum_buffer"], state_b[b]["momentum_buffer"]) for a, b in params),
+    ]
+    for a, b in pairs:
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert eager.ema.updates == static.ema.updates == 4
+
+
+def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_falconet_plugins):
+    plugins = installed_falconet_plugins
+    whole = trainer_for(keys, plugins, EagerStepRecorder())
+    data = batches(whole, 10)
+    big = lambda t: pad_targets(t, 2 * t["boxes"].shape[1])  # noqa: E731
+    train(whole, data[:6], big)  # records the doubled bucket
+    runner = whole.step_runner
+    assert [r.bucket for r in next(iter(runner.micros.values()))] == [16]
+    replayed = runner.counts["replayed"]
+    train(whole, data[6:])  # bucket 8 fits in 16: replayed, not recorded
+    assert runner.counts["replayed"] == replayed + 4 and runner.counts["recorded"] == 1
+
+
+def test_padding_does_not_change_the_loss(keys, installed_falconet_plugins):
+    trainer = trainer_for(keys, installed_falconet_plugins)
+    batch = batches(trainer, 1)[0]
+    images = batch["images"].float().div_(255)
+    targets = {k: batch[k] for k in TARGET_KEYS}
+    trainer.model.train()
+    with torch.no_grad():
+        outputs = trainer.model(images)
+        small, _ = trainer.loss_fn(outputs, targets)
+        padded, _ = trainer.loss_fn(outputs, pad_targets(targets, 32))
+    torch.testing.assert_close(small, padded)
+
+
+def test_a_failed_recording_continues_eagerly(keys, installed_falconet_plugins, caplog):
+    plugins = installed_falconet_plugins
+    eager = trainer_for(keys, plugins)
+    whole = trainer_for(keys, plugins, EagerStepRecorder(fail=True))
+    data = batches(eager, 8)
+    with caplog.at_level(logging.ERROR, "falconet.train"):
+        reference, got = train(eager, data), train(whole, data)
+    assert got == reference  # every batch ran the trainer's own eager step
+    assert whole.step_runner.counts["failed"] == 1
+    assert caplog.text.count("could not capture the step") == 1
+
+
+def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
+    whole = trainer_for(keys, installed_falconet_plugins, EagerStepRecorder())
+    names: list[str] = []
+
+    class Recorder:
+        def __call__(self, name):
+            names.append(name)
+            return torch.autograd.profiler.record_function(name)
+
+    whole.phases = Recorder()
+    train(whole, batches(whole, 8))
+    counts = whole.step_runner.counts
+    assert counts["replayed"] >= 2
+    # every batch asks the runner first; a batch it leaves to the trainer then runs the
+    # eager phases, a replayed one runs nothing else
+    assert names.count("step") == 8 and names.count("forward") == counts["eager"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "options", "static", "reason"),
+    [
+        ("bf16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
+        ("fp16", {"optimizer": "sgd", "momentum": 0.9}, True, "scaler"),
+        ("bf16", {"optimizer": "adamw", "momentum": 0.9}, True, "only sgd"),
+        ("bf16", {"optimizer": "sgd", "momentum": 0.0}, True, "momentum"),
+        ("bf16", {"optimizer": "sgd", "momentum": 0.9, "assigner": "simota"}, False, "simota"),
+    ],
+)
+def test_whole_step_declines_what_it_cannot_capture(precision, options, static, reason):
+    context = DispatchContext(
+        torch.device("cuda", 0),
+        precision,
+        capture_region=torch.nn.Linear(1, 1),
+        options=options,
+        static_loss=static,
+    )
+    got = WholeStepDispatch().decline_reason(context)
+    assert got is None if reason is None else reason in got
+
+
+def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
+    family = installed_falconet_plugins.families.get("yolo")
+    assert family.static_loss("tal") and not family.static_loss("hungarian")
