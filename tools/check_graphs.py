@@ -125,13 +125,30 @@ def paired(args, amp: str, tmp: Path) -> dict:
         project=str(tmp),
         exist_ok=True,
     )
+    arms = [("eager", "eager"), ("eager2", "eager"), ("graph", "cuda-graph")]
+    if amp != "fp16":  # whole-step declines fp16 (its scaler checks for overflow on the host)
+        arms.append(("whole", "whole-step"))
     trainers = {
-        name: build({**keys, "graph": graph, "name": f"{amp}-{name}"})
-        for name, graph in (("eager", "eager"), ("eager2", "eager"), ("graph", "cuda-graph"))
+        name: build({**keys, "graph": graph, "optimizer": "sgd", "name": f"{amp}-{name}"})
+        for name, graph in arms
     }
     batches = fetch_batches(trainers["eager"], args.steps)
     runs = {name: train(trainer, batches) for name, trainer in trainers.items()}
+    whole = {}
+    if "whole" in trainers:
+        runner = trainers["whole"].step_runner
+        whole = {
+            "whole_used": trainers["whole"].graph,
+            "whole_vs_eager": compare(
+                trainers["eager"], trainers["whole"], runs["eager"], runs["whole"]
+            ),
+            "whole_counts": dict(runner.counts) if runner else {},
+            "whole_failed_with": runner.failed if runner else None,
+            "losses_whole": runs["whole"]["losses"].tolist(),
+            "losses_eager": runs["eager"]["losses"].tolist(),
+        }
     return {
+        **whole,
         "amp": amp,
         "graph_used": trainers["graph"].graph,
         "eager_vs_eager": compare(
@@ -149,6 +166,9 @@ def paired(args, amp: str, tmp: Path) -> dict:
         },
         "seconds": {n: round(r["seconds"], 2) for n, r in runs.items()},
         "graph_counts": runs["graph"]["counts"],
+        "graph_failed_with": [
+            str(v) for v in getattr(trainers["graph"].network, "failed", {}).values()
+        ],
         "losses_graph": runs["graph"]["losses"].tolist(),
     }
 
@@ -209,6 +229,42 @@ def failed_capture() -> dict:
     }
 
 
+def full_runs(args, tmp: Path) -> list[dict]:
+    """Each backend inside a real training run (loader, logging, callbacks): did it capture,
+    how many batches replayed, and the run's img/s and losses."""
+    from falconet import Detector
+
+    out = []
+    for graph in args.full_runs.split(","):
+        detector = Detector("yolo-n")
+        keys = dict(
+            data=args.data,
+            imgsz=args.imgsz,
+            batch=args.batch,
+            epochs=3,
+            workers=8,
+            cache="ram",
+            amp_dtype="bf16",
+            val=False,
+            plots=False,
+            optimizer="sgd",
+            project=str(tmp),
+            name=f"full-{graph}",
+            exist_ok=True,
+            graph=graph,
+        )
+        try:
+            summary = detector.train(**keys)
+            row = {"graph": graph, "used": summary["graph"]}
+        except Exception as exc:  # one backend's failure must not lose the others
+            out.append({"graph": graph, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        rows = (Path(summary["run_dir"]) / "results.csv").read_text().splitlines()
+        row["results_csv"] = rows
+        out.append(row)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=".data/coco128/coco128.yaml")
@@ -216,6 +272,9 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument(
+        "--full-runs", default="", help="graph backends to also train 3 epochs with: eager,..."
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -230,6 +289,11 @@ def main() -> None:
         result = paired(args, amp, tmp)
         report["paired"].append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "losses_graph"}), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
+    if args.full_runs:
+        report["full_runs"] = full_runs(args, tmp)
+        print(json.dumps(report["full_runs"]), flush=True)
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
     if cuda:  # last: if a failed capture broke the process, the paired results are saved
