@@ -8,11 +8,7 @@ tests that put that folder on their path; the development environment stays clea
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,39 +29,6 @@ def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     return site
-
-
-@pytest.fixture
-def falconet_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run the installed ``falconet`` command in a subprocess: ``falconet_cli(*args, env=..)``.
-
-    ``site`` prepends a folder to ``PYTHONPATH``; ``env`` adds variables. ``FALCONET_*`` of the
-    calling shell are removed so the tests do not depend on it.
-    """
-
-    def run(
-        *args: str,
-        site: Path | None = None,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        timeout: float = 120,
-    ) -> subprocess.CompletedProcess[str]:
-        full = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
-        if site is not None:
-            full["PYTHONPATH"] = os.pathsep.join(
-                p for p in (str(site), full.get("PYTHONPATH", "")) if p
-            )
-        full.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-m", "falconet", *args],
-            capture_output=True,
-            text=True,
-            env=full,
-            cwd=cwd,
-            timeout=timeout,
-        )
-
-    return run
 
 
 @pytest.fixture(scope="session")

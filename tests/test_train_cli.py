@@ -101,7 +101,7 @@ def test_train_two_epochs_on_coco128_at_small_size(falconet_cli, tmp_path):
     ("pair", "expected"),
     [
         ("epoch=3", "unknown key 'epoch'; did you mean epochs=?"),
-        ("graph=cuda-graph", "pip install falconet-graphs-cuda"),
+        ("amp_dtype=fp8", "pip install falconet-precision-te-fp8"),
         ("epochs", "'epochs' is not key=value"),
     ],
 )

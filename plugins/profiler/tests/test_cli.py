@@ -3,52 +3,37 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 
-def falconet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FALCONET_")}
-    return subprocess.run(
-        [sys.executable, "-m", "falconet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
-
-
-def test_summary(profiled_run: Path):
-    done = falconet("profile", "summary", str(profiled_run / "profile.json"))
+def test_summary(falconet_cli, profiled_run: Path):
+    done = falconet_cli("profile", "summary", str(profiled_run / "profile.json"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("profile: ") and "no GPU trace (device cpu)" in done.stdout
     assert "phases (synchronised, ms per batch): data" in done.stdout
-    as_json = json.loads(falconet("profile", "summary", "--json", str(profiled_run)).stdout)
+    as_json = json.loads(falconet_cli("profile", "summary", "--json", str(profiled_run)).stdout)
     assert as_json["kind"] == "falconet-profile-summary" and as_json["gpu_trace"] is False
 
 
-def test_phases(profiled_run: Path):
-    done = falconet("profile", "phases", str(profiled_run / "profile.json"))
+def test_phases(falconet_cli, profiled_run: Path):
+    done = falconet_cli("profile", "phases", str(profiled_run / "profile.json"))
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0] for line in done.stdout.splitlines()[1:]}
     assert {"data", "forward", "backward", "optimizer", "ema", "other", "step"} <= rows
-    tables = json.loads(falconet("profile", "phases", "--json", str(profiled_run)).stdout)
+    tables = json.loads(falconet_cli("profile", "phases", "--json", str(profiled_run)).stdout)
     assert tables["synced"]["phases"]["forward"]["ms_per_batch"] > 0
 
 
-def test_kernels_without_a_gpu_trace(profiled_run: Path):
-    done = falconet("profile", "kernels", "--top", "5", str(profiled_run / "profile.json"))
+def test_kernels_without_a_gpu_trace(falconet_cli, profiled_run: Path):
+    done = falconet_cli("profile", "kernels", "--top", "5", str(profiled_run / "profile.json"))
     assert done.returncode == 0 and "no GPU trace (device cpu)" in done.stdout
-    rows = json.loads(falconet("profile", "kernels", "--json", str(profiled_run)).stdout)
+    rows = json.loads(falconet_cli("profile", "kernels", "--json", str(profiled_run)).stdout)
     assert rows == {"gpu_trace": False, "kernels": []}
 
 
-def test_kernels_with_a_gpu_trace(profiled_run: Path, tmp_path: Path):
+def test_kernels_with_a_gpu_trace(falconet_cli, profiled_run: Path, tmp_path: Path):
     """The kernel table of a profile whose gpu section holds two kernels."""
     doc = json.loads((profiled_run / "profile.json").read_text())
     doc["gpu"] = {
@@ -72,14 +57,15 @@ def test_kernels_with_a_gpu_trace(profiled_run: Path, tmp_path: Path):
         ]
     }
     (tmp_path / "gpu.json").write_text(json.dumps(doc))
-    done = falconet("profile", "kernels", "--top", "1", str(tmp_path / "gpu.json"))
+    done = falconet_cli("profile", "kernels", "--top", "1", str(tmp_path / "gpu.json"))
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and "sm90_xmma_gemm" in lines[1] and "yes" in lines[1]
-    rows = json.loads(falconet("profile", "kernels", "--json", str(tmp_path / "gpu.json")).stdout)
+    gpu_json = str(tmp_path / "gpu.json")
+    rows = json.loads(falconet_cli("profile", "kernels", "--json", gpu_json).stdout)
     assert [k["name"] for k in rows["kernels"]] == ["sm90_xmma_gemm", "elementwise_kernel"]
 
 
-def test_compare_counts_only_beyond_the_spread(profiled_run: Path, tmp_path: Path):
+def test_compare_counts_only_beyond_the_spread(falconet_cli, profiled_run: Path, tmp_path: Path):
     doc = json.loads((profiled_run / "profile.json").read_text())
 
     def variant(name: str, steps: list[float]) -> str:
@@ -101,27 +87,27 @@ def test_compare_counts_only_beyond_the_spread(profiled_run: Path, tmp_path: Pat
     a = variant("a", [100.0, 104.0, 102.0])
     overlapping = variant("b", [103.0, 107.0, 105.0])
     apart = variant("c", [60.0, 62.0, 61.0])
-    same = json.loads(falconet("profile", "compare", "--json", a, overlapping).stdout)
+    same = json.loads(falconet_cli("profile", "compare", "--json", a, overlapping).stdout)
     row = next(r for r in same["figures"] if r["figure"] == "step_ms")
     assert row["spread_known"] and not row["counts"] and "step_ms" not in same["changed"]
-    faster = json.loads(falconet("profile", "compare", "--json", a, apart).stdout)
+    faster = json.loads(falconet_cli("profile", "compare", "--json", a, apart).stdout)
     row = next(r for r in faster["figures"] if r["figure"] == "step_ms")
     assert row["counts"] and row["relative"] == pytest.approx(-41 / 102)
-    text = falconet("profile", "compare", a, apart).stdout
+    text = falconet_cli("profile", "compare", a, apart).stdout
     assert "step_ms" in text and "-40.2%" in text
-    single = falconet("profile", "compare", str(profiled_run), str(profiled_run))
+    single = falconet_cli("profile", "compare", str(profiled_run), str(profiled_run))
     assert single.returncode == 0 and "1 trial: 5% floor" in single.stdout
 
 
-def test_a_bad_file_exits_2(tmp_path: Path):
+def test_a_bad_file_exits_2(falconet_cli, tmp_path: Path):
     (tmp_path / "x.json").write_text("[]")
-    done = falconet("profile", "summary", str(tmp_path / "x.json"))
+    done = falconet_cli("profile", "summary", str(tmp_path / "x.json"))
     assert done.returncode == 2 and "not a falconet profile" in done.stderr
 
 
-def test_run_repeats_fresh_trials_and_combines_them(run_keys, tmp_path: Path):
+def test_run_repeats_fresh_trials_and_combines_them(falconet_cli, run_keys, tmp_path: Path):
     keys = [f"{k}={v}" for k, v in run_keys.items() if k != "data"]
-    done = falconet(
+    done = falconet_cli(
         "profile",
         "run",
         run_keys["data"],
@@ -136,6 +122,7 @@ def test_run_repeats_fresh_trials_and_combines_them(run_keys, tmp_path: Path):
         "--repeat",
         "2",
         "--json",
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -155,8 +142,8 @@ def test_run_repeats_fresh_trials_and_combines_them(run_keys, tmp_path: Path):
     assert (folder / "timeline.html").exists() and (folder / "profile_summary.json").exists()
 
 
-def test_run_refuses_keys_it_sets_itself(run_keys):
-    done = falconet("profile", "run", run_keys["data"], "profile=false")
+def test_run_refuses_keys_it_sets_itself(falconet_cli, run_keys):
+    done = falconet_cli("profile", "run", run_keys["data"], "profile=false")
     assert done.returncode == 2 and "profile= is set by `falconet profile run`" in done.stderr
-    done = falconet("profile", "run", run_keys["data"], "epoch=3")
+    done = falconet_cli("profile", "run", run_keys["data"], "epoch=3")
     assert done.returncode == 2 and "did you mean epochs=?" in done.stderr
