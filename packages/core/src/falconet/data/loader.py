@@ -21,13 +21,17 @@ import torch
 from falconet.data.records import Sample
 from falconet.data.transforms import (
     AugmentConfig,
+    affine_matrix,
     augment_hsv,
     letterbox,
-    mosaic,
+    mosaic_boxes,
+    mosaic_layout,
     next_bucket,
     random_affine,
     read_image,
     resize_long_side,
+    warp_boxes,
+    warp_mosaic,
 )
 from falconet.paths import cache_dir
 
@@ -122,16 +126,22 @@ class DetectionDataset(torch.utils.data.Dataset):
             if mosaic_on and cfg.mosaic > 0 and rng.random() < cfg.mosaic:
                 others = rng.integers(0, len(self.samples), 3).tolist()
                 loaded = [(image, boxes)] + [self.load(i) for i in others]
-                image, boxes = mosaic(
-                    [im for im, _ in loaded], [b for _, b in loaded], self.imgsz, rng
-                )
+                images = [im for im, _ in loaded]
+                layout = mosaic_layout([im.shape[:2] for im in images], self.imgsz, rng)
                 labels = np.concatenate([sample.labels] + [self.samples[i].labels for i in others])
+                flip = rng.random() < cfg.fliplr
+                side = 2 * self.imgsz
+                matrix = affine_matrix(side, side, self.imgsz, cfg, rng, flip=flip)
+                image = warp_mosaic(images, layout, matrix)
+                boxes, keep = warp_boxes(
+                    mosaic_boxes(layout, [b for _, b in loaded]), matrix, self.imgsz
+                )
                 used_mosaic = True
             else:
                 image, _, pad0 = letterbox(image, self.imgsz)
                 boxes = boxes + np.array([*pad0, *pad0], np.float32)
-            flip = rng.random() < cfg.fliplr
-            image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng, flip=flip)
+                flip = rng.random() < cfg.fliplr
+                image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng, flip=flip)
             labels = labels[keep]
             image = augment_hsv(image, cfg, rng)
         return {

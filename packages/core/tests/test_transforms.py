@@ -1,0 +1,77 @@
+"""The mosaic warp that builds only the canvas region it samples gives what warping the whole
+canvas gives; the one-table HSV lookup gives what three plane lookups give."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from falconet.data.transforms import (
+    PAD_VALUE,
+    AugmentConfig,
+    affine_matrix,
+    augment_hsv,
+    mosaic_canvas,
+    mosaic_layout,
+    warp_mosaic,
+)
+
+
+def tiles(rng: np.random.Generator, size: int) -> list[np.ndarray]:
+    """Four images with long side ``size`` and random short sides, of smooth random content
+    (bilinear rounding shows on smooth gradients as on real photos)."""
+    out = []
+    for _ in range(4):
+        h, w = (size, int(rng.integers(size // 3, size + 1)))[:: int(rng.choice([1, -1]))]
+        small = rng.integers(0, 256, (max(h // 16, 2), max(w // 16, 2), 3), dtype=np.uint8)
+        out.append(cv2.resize(small, (w, h), interpolation=cv2.INTER_LINEAR))
+    return out
+
+
+@pytest.mark.parametrize("degrees", [0.0, 10.0])
+def test_warping_the_sampled_region_equals_warping_the_whole_canvas(degrees):
+    size = 160
+    cfg = AugmentConfig(degrees=degrees, scale=0.5, translate=0.1)
+    differing = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        images = tiles(rng, size)
+        layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
+        matrix = affine_matrix(2 * size, 2 * size, size, cfg, rng, flip=bool(seed % 2))
+        whole = cv2.warpAffine(
+            mosaic_canvas(images, layout, (0, 0, 2 * size, 2 * size)),
+            matrix[:2],
+            dsize=(size, size),
+            borderValue=(PAD_VALUE,) * 3,
+        )
+        region = warp_mosaic(images, layout, matrix)
+        diff = np.abs(whole.astype(int) - region.astype(int))
+        assert diff.max() <= 1, seed  # OpenCV's fixed-point rounding of the shifted matrix
+        differing += int((diff > 0).sum())
+    assert differing <= 1e-3 * 60 * size * size * 3  # and rarely even that
+
+
+def test_an_output_that_sees_no_canvas_is_grey():
+    size = 64
+    rng = np.random.default_rng(0)
+    images = tiles(rng, size)
+    layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
+    far = np.array([[1, 0, 10 * size], [0, 1, 10 * size], [0, 0, 1]], np.float64)
+    assert (warp_mosaic(images, layout, far) == PAD_VALUE).all()
+
+
+def test_one_table_hsv_equals_three_plane_lookups():
+    cfg = AugmentConfig()
+    image = np.random.default_rng(1).integers(0, 256, (64, 48, 3), dtype=np.uint8)
+    got = augment_hsv(image, cfg, np.random.default_rng(7))
+    gains = np.random.default_rng(7).uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    x = np.arange(256, dtype=np.float32)
+    planes = (
+        cv2.LUT(hue, ((x * gains[0]) % 180).astype(np.uint8)),
+        cv2.LUT(sat, np.clip(x * gains[1], 0, 255).astype(np.uint8)),
+        cv2.LUT(val, np.clip(x * gains[2], 0, 255).astype(np.uint8)),
+    )
+    expected = cv2.cvtColor(cv2.merge(planes), cv2.COLOR_HSV2RGB)
+    assert np.array_equal(got, expected)

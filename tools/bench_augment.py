@@ -1,0 +1,101 @@
+"""Per-sample cost of the mosaic warp and the HSV step, the old way and the current way,
+interleaved in one run (median ms over samples, warm-up excluded).
+
+* mosaic warp: the whole ``2 size`` canvas filled and pasted, then warped (the old way), against
+  :func:`falconet.data.transforms.warp_mosaic`, which builds only the region the warp samples;
+* HSV: split into planes, three lookups, merge (the old way), against one 3-channel lookup
+  (:func:`falconet.data.transforms.augment_hsv`).
+
+    uv run python tools/bench_augment.py .data/coco128/coco128.yaml --samples 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import cv2
+import numpy as np
+
+from falconet.data import load_dataset
+from falconet.data.transforms import (
+    PAD_VALUE,
+    AugmentConfig,
+    affine_matrix,
+    augment_hsv,
+    mosaic_canvas,
+    mosaic_layout,
+    read_image,
+    resize_long_side,
+    warp_mosaic,
+)
+
+
+def hsv_by_planes(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    gains = rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    x = np.arange(256, dtype=np.float32)
+    planes = (
+        cv2.LUT(hue, ((x * gains[0]) % 180).astype(np.uint8)),
+        cv2.LUT(sat, np.clip(x * gains[1], 0, 255).astype(np.uint8)),
+        cv2.LUT(val, np.clip(x * gains[2], 0, 255).astype(np.uint8)),
+    )
+    return cv2.cvtColor(cv2.merge(planes), cv2.COLOR_HSV2RGB)
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn(*args)
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args()
+    cv2.setNumThreads(1)  # as in a loader worker
+    split = load_dataset(args.data, splits=("train",)).splits["train"]
+    cached = [resize_long_side(read_image(str(s.image)), args.imgsz) for s in split.samples]
+    cfg, size = AugmentConfig(), args.imgsz
+    times: dict[str, list[float]] = {k: [] for k in ("canvas", "region", "planes", "table")}
+    rng = np.random.default_rng(0)
+    for n in range(args.warmup + args.samples):
+        images = [cached[i] for i in rng.integers(0, len(cached), 4)]
+        layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
+        matrix = affine_matrix(2 * size, 2 * size, size, cfg, rng, flip=bool(n % 2))
+
+        def whole(images=images, layout=layout, matrix=matrix):
+            canvas = mosaic_canvas(images, layout, (0, 0, 2 * size, 2 * size))
+            return cv2.warpAffine(
+                canvas, matrix[:2], dsize=(size, size), borderValue=(PAD_VALUE,) * 3
+            )
+
+        pair = [("canvas", whole, ()), ("region", warp_mosaic, (images, layout, matrix))]
+        for name, fn, fn_args in pair if n % 2 else pair[::-1]:  # alternate the order
+            ms, out = timed(fn, *fn_args)
+            if n >= args.warmup:
+                times[name].append(ms)
+        seed = int(rng.integers(1 << 31))
+        pair = [("planes", hsv_by_planes), ("table", augment_hsv)]
+        for name, fn in pair if n % 2 else pair[::-1]:
+            ms, _ = timed(fn, out, cfg, np.random.default_rng(seed))
+            if n >= args.warmup:
+                times[name].append(ms)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{args.samples} samples at {size} px, one OpenCV thread, median ms per sample")
+    print(
+        f"mosaic warp: whole canvas {med['canvas']:.2f}, sampled region {med['region']:.2f} "
+        f"({med['canvas'] / med['region']:.2f}x)"
+    )
+    print(
+        f"HSV: three planes {med['planes']:.2f}, one table {med['table']:.2f} "
+        f"({med['planes'] / med['table']:.2f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
