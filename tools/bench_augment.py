@@ -1,10 +1,11 @@
-"""Per-sample cost of the mosaic warp and the HSV step, the old way and the current way,
-interleaved in one run (median ms over samples, warm-up excluded).
+"""Per-sample cost of two ways of each of two augmentation steps, interleaved in one run
+(median ms over samples, warm-up excluded), one OpenCV thread as in a loader worker.
 
-* mosaic warp: the whole ``2 size`` canvas filled and pasted, then warped (the old way), against
-  :func:`falconet.data.transforms.warp_mosaic`, which builds only the region the warp samples;
-* HSV: split into planes, three lookups, merge (the old way), against one 3-channel lookup
-  (:func:`falconet.data.transforms.augment_hsv`).
+* mosaic warp: the whole ``2 size`` canvas filled and pasted, then warped, against
+  :func:`falconet.data.transforms.warp_mosaic` (what the loader does), which builds only the
+  region the warp samples;
+* HSV: :func:`falconet.data.transforms.augment_hsv` (what the loader does: split into planes,
+  three lookups, merge) against one 3-channel lookup table.
 
     uv run python tools/bench_augment.py .data/coco128/coco128.yaml --samples 300
 """
@@ -32,16 +33,19 @@ from falconet.data.transforms import (
 )
 
 
-def hsv_by_planes(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+def hsv_by_table(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """The same HSV gains through one 3-channel lookup table (no split and merge)."""
     gains = rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
     x = np.arange(256, dtype=np.float32)
-    planes = (
-        cv2.LUT(hue, ((x * gains[0]) % 180).astype(np.uint8)),
-        cv2.LUT(sat, np.clip(x * gains[1], 0, 255).astype(np.uint8)),
-        cv2.LUT(val, np.clip(x * gains[2], 0, 255).astype(np.uint8)),
-    )
-    return cv2.cvtColor(cv2.merge(planes), cv2.COLOR_HSV2RGB)
+    table = np.stack(
+        [
+            ((x * gains[0]) % 180).astype(np.uint8),
+            np.clip(x * gains[1], 0, 255).astype(np.uint8),
+            np.clip(x * gains[2], 0, 255).astype(np.uint8),
+        ],
+        axis=-1,
+    ).reshape(256, 1, 3)
+    return cv2.cvtColor(cv2.LUT(cv2.cvtColor(image, cv2.COLOR_RGB2HSV), table), cv2.COLOR_HSV2RGB)
 
 
 def timed(fn, *args) -> tuple[float, object]:
@@ -80,7 +84,7 @@ def main() -> None:
             if n >= args.warmup:
                 times[name].append(ms)
         seed = int(rng.integers(1 << 31))
-        pair = [("planes", hsv_by_planes), ("table", augment_hsv)]
+        pair = [("planes", augment_hsv), ("table", hsv_by_table)]
         for name, fn in pair if n % 2 else pair[::-1]:
             ms, _ = timed(fn, out, cfg, np.random.default_rng(seed))
             if n >= args.warmup:

@@ -1,5 +1,5 @@
 """The mosaic warp that builds only the canvas region it samples gives what warping the whole
-canvas gives; the one-table HSV lookup gives what three plane lookups give."""
+canvas gives."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from falconet.data.transforms import (
     PAD_VALUE,
     AugmentConfig,
     affine_matrix,
-    augment_hsv,
     mosaic_canvas,
     mosaic_layout,
     warp_mosaic,
@@ -59,19 +58,3 @@ def test_an_output_that_sees_no_canvas_is_grey():
     layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
     far = np.array([[1, 0, 10 * size], [0, 1, 10 * size], [0, 0, 1]], np.float64)
     assert (warp_mosaic(images, layout, far) == PAD_VALUE).all()
-
-
-def test_one_table_hsv_equals_three_plane_lookups():
-    cfg = AugmentConfig()
-    image = np.random.default_rng(1).integers(0, 256, (64, 48, 3), dtype=np.uint8)
-    got = augment_hsv(image, cfg, np.random.default_rng(7))
-    gains = np.random.default_rng(7).uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
-    x = np.arange(256, dtype=np.float32)
-    planes = (
-        cv2.LUT(hue, ((x * gains[0]) % 180).astype(np.uint8)),
-        cv2.LUT(sat, np.clip(x * gains[1], 0, 255).astype(np.uint8)),
-        cv2.LUT(val, np.clip(x * gains[2], 0, 255).astype(np.uint8)),
-    )
-    expected = cv2.cvtColor(cv2.merge(planes), cv2.COLOR_HSV2RGB)
-    assert np.array_equal(got, expected)
