@@ -56,7 +56,12 @@ def test_host_launch_with_its_evidence():
     assert verdict["name"] == "host-launch"
     assert "21%" in verdict["reason"] and "6742 kernels per step" in verdict["reason"]
     assert "(short)" in verdict["reason"] and "78.0 host syncs" in verdict["reason"]
-    assert sets(verdict) == ["graph=cuda-graph", "graph=compile", "batch=32"]
+    assert sets(verdict) == [
+        "graph=cuda-graph",
+        "graph=whole-step",
+        "graph=compile",
+        "batch=32",
+    ]
 
 
 def test_compute():
@@ -96,9 +101,11 @@ def test_rules_apply_in_order_and_at_their_thresholds():
 
 
 def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
-    graphed = Context(graph="cuda-graph", batch=64, workers=16, cpu_count=16, cache="ram")
+    graphed = Context(graph="whole-step", batch=64, workers=16, cpu_count=16, cache="ram")
     verdict = decide(evidence(gpu_busy=0.5, peak_reserved_fraction=0.8), graphed)
-    assert verdict["levers"] == []  # graphs on, memory too full to double the batch
+    assert verdict["levers"] == []  # the whole step graphed, memory too full to double the batch
+    network_only = decide(evidence(gpu_busy=0.5), Context(graph="cuda-graph"))
+    assert sets(network_only)[0] == "graph=whole-step"  # next: the loss and optimizer too
     assert decide(evidence(loader_wait_fraction=0.3), graphed)["levers"] == []
     missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
     assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"

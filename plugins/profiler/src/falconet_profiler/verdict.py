@@ -165,14 +165,24 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
         if c.cache == "none":
             out.append(_lever("cache", "ram", "decode each image once instead of every epoch"))
     elif name == "host-launch":
-        if c.graph != "cuda-graph":
-            needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"
+        needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"
+        if c.graph not in ("cuda-graph", "whole-step"):
             out.append(
                 _lever(
                     "graph",
                     "cuda-graph",
-                    "replay the step's kernels from one "
-                    "CUDA graph: one launch instead of one per kernel",
+                    "replay the network's forward and backward from CUDA graphs: one launch "
+                    "per graph instead of one per kernel",
+                    needs,
+                )
+            )
+        if c.graph != "whole-step":
+            out.append(
+                _lever(
+                    "graph",
+                    "whole-step",
+                    "replay the loss, optimizer and EMA from graphs as well (a static-shaped "
+                    "loss such as yolo with assigner=tal, optimizer=sgd, bf16 or fp32)",
                     needs,
                 )
             )
