@@ -62,7 +62,7 @@ def loader_rate(dataset: DetectionDataset, workers: int, batch: int, epochs: int
     loader = build_loader(dataset, batch, workers=workers, pin_memory=False)
     rates = []
     for epoch in range(epochs):
-        loader.sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)
         start, count = time.perf_counter(), 0
         for item in loader:
             count += len(item["images"])

@@ -104,7 +104,7 @@ def test_validation_letterbox_maps_back_to_the_original(tmp_path):
 def batches(loader, epochs=(0, 1)):
     out = []
     for epoch in epochs:
-        loader.sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)
         out += [b for b in loader]
     return out
 
@@ -135,7 +135,7 @@ def test_close_mosaic_reaches_persistent_workers(tmp_path):
     )
     loader = build_loader(dataset, 4, workers=2)
     for epoch, expect in ((0, True), (1, True), (2, False), (3, False)):
-        loader.sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)
         flags = torch.cat([b["mosaic"] for b in loader])
         assert flags.all().item() is expect and flags.any().item() is expect, epoch
 
@@ -175,3 +175,22 @@ def test_collate_pads_targets_to_a_bucket(tmp_path):
         assert (batch["boxes"][i, :n, 2:] > batch["boxes"][i, :n, :2]).all()
     assert batch["images"].dtype == torch.uint8 and batch["images"].shape == (4, 3, 96, 96)
     assert batch["images"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_one_iterator_over_many_epochs_gives_the_per_epoch_batches(tmp_path):
+    """What the trainer does (one iterator over the run, so workers start the next epoch
+    early) gives the batches of epoch-by-epoch iteration, close_mosaic included, and no batch
+    mixes two epochs; a span can start mid-epoch (resume)."""
+    dataset = DetectionDataset(
+        known_pixels(tmp_path / "img", 10), 96, augment=AugmentConfig(), seed=3,
+        close_mosaic_from=2,
+    )  # fmt: skip
+    per_epoch = batches(build_loader(dataset, 4, workers=2, seed=3), epochs=(0, 1, 2))
+    loader = build_loader(dataset, 4, workers=2, seed=3)
+    loader.batch_sampler.set_epochs(0, 3)
+    assert len(loader) == 3 * loader.batch_sampler.batches_per_epoch == 9
+    spanned = list(loader)
+    assert same(per_epoch, spanned)
+    assert [len(b["image_ids"]) for b in spanned] == [4, 4, 2] * 3  # short last batch each epoch
+    loader.batch_sampler.set_epochs(1, 3, start=4)  # resume after epoch 1's first batch
+    assert len(loader) == 5 and same(per_epoch[4:], list(loader))

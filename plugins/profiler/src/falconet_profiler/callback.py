@@ -301,7 +301,7 @@ class Profiler:
 
 def _images_in(trainer: Trainer, batch_in_epoch: int) -> int:
     """Images in the epoch's ``batch_in_epoch``-th batch (the last one may be short)."""
-    size = len(trainer.train_loader.sampler)
+    size = len(trainer.train_loader.batch_sampler.sampler)
     batch = trainer.cfg.batch
     return max(0, min(batch, size - (batch_in_epoch - 1) * batch))
 

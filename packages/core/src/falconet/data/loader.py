@@ -222,6 +222,48 @@ class EpochSampler(torch.utils.data.Sampler):
         return max(0, -(-self.size // self.world_size) - self.start)
 
 
+class EpochBatchSampler(torch.utils.data.Sampler):
+    """Batches of an :class:`EpochSampler`, epoch after epoch over a span of epochs.
+
+    A batch never mixes two epochs (an epoch's last batch may be short). Over a span
+    (:meth:`set_epochs`), one loader iterator runs through every epoch of a run, so the
+    workers prepare the next epoch's first batches while this one's last steps and its
+    validation run, instead of starting cold at every epoch (with few batches per epoch, as
+    in a fine-tune on a small set, that start-up was a large share of the time). The
+    samples are those of per-epoch iteration: each is a function of ``(seed, epoch, index)``.
+    """
+
+    def __init__(self, sampler: EpochSampler, batch: int) -> None:
+        self.sampler, self.batch = sampler, batch
+        self.first, self.last, self.start = 0, 1, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches in a whole epoch of this rank's share."""
+        share = -(-self.sampler.size // self.sampler.world_size)
+        return -(-share // self.batch)
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """One epoch, from its ``start``-th sample (exact mid-epoch resume)."""
+        self.set_epochs(epoch, epoch + 1, start)
+
+    def set_epochs(self, first: int, last: int, start: int = 0) -> None:
+        """Epochs ``first`` to ``last - 1``, the first from its ``start``-th sample."""
+        self.first, self.last, self.start = first, last, start
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for epoch in range(self.first, self.last):
+            self.sampler.set_epoch(epoch, self.start if epoch == self.first else 0)
+            indices = list(self.sampler)
+            for i in range(0, len(indices), self.batch):
+                yield indices[i : i + self.batch]
+
+    def __len__(self) -> int:
+        epochs = max(self.last - self.first, 0)
+        skipped = self.start // self.batch if epochs else 0
+        return epochs * self.batches_per_epoch - skipped
+
+
 def _worker_init(_worker_id: int) -> None:
     import cv2
 
@@ -239,7 +281,8 @@ def build_loader(
     world_size: int = 1,
     pin_memory: bool | None = None,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset`` with an :class:`EpochSampler` (``loader.sampler``).
+    """A DataLoader over ``dataset`` whose batches come from an :class:`EpochBatchSampler`
+    (``loader.batch_sampler``; one epoch unless ``set_epochs`` spans more).
 
     Workers are persistent (no re-fork per epoch); pinned memory when CUDA is present.
     """
@@ -248,8 +291,7 @@ def build_loader(
     )
     return torch.utils.data.DataLoader(
         dataset,
-        batch_size=batch,
-        sampler=sampler,
+        batch_sampler=EpochBatchSampler(sampler, batch),
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,

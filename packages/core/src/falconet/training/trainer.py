@@ -20,7 +20,7 @@ import logging
 import math
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -96,7 +96,8 @@ class Trainer:
         self.model = model.to(self.device, memory_format=torch.channels_last)
         self.loss_fn = self.family.build_loss(self.model, plugins.assigners.get(cfg.assigner))
         self.train_loader, self.val_loader = build_loaders(cfg, self.dataset, self.device)
-        self.steps_in_epoch = len(self.train_loader)
+        self.steps_in_epoch = self.train_loader.batch_sampler.batches_per_epoch
+        self._batches: Iterator[dict[str, Any]] | None = None  # one iterator over all epochs
         self.accumulate = max(round(cfg.nbs / cfg.batch), 1)
         self.optimizer = build_optimizer(self.model, cfg, self.accumulate)
         self.schedule = Schedule(cfg, math.ceil(self.steps_in_epoch / self.accumulate))
@@ -147,6 +148,8 @@ class Trainer:
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
         """Train to ``epochs`` (or an early stop); returns the final metrics and paths."""
+        self.train_loader.batch_sampler.set_epochs(self.epoch, self.cfg.epochs)
+        self._batches = iter(self.train_loader)
         try:
             self.callbacks.fire("on_train_start", self)
             for epoch in range(self.epoch, self.cfg.epochs):
@@ -166,6 +169,8 @@ class Trainer:
         except BaseException as exc:
             self.callbacks.fire("on_exception", self, exc)
             raise
+        finally:
+            self._batches = None  # what the workers prepared beyond the last epoch is dropped
         return self.summary()
 
     def request_stop(self, reason: str) -> None:
@@ -182,13 +187,12 @@ class Trainer:
         """One epoch of training; its results.csv row, or ``None`` when :meth:`request_stop`
         ended it early."""
         cfg, device = self.cfg, self.device
-        self.train_loader.sampler.set_epoch(self.epoch)
         self.model.train()
         self.callbacks.fire("on_epoch_start", self)
         sums = good = bad_run = worst = None
         names: list[str] = []
         start, images_seen = time.perf_counter(), 0
-        batches = iter(self.train_loader)
+        batches = self._batches  # fit()'s iterator: the next batch is this epoch's first
         for i in range(self.steps_in_epoch):
             with self.phases("data"):
                 batch = next(batches)
