@@ -96,12 +96,15 @@ def train(trainer, data, targets_of=lambda t: t):
 def state(trainer) -> list[torch.Tensor]:
     tensors = list(trainer.model.state_dict().values())
     tensors += list(trainer.ema.module.state_dict().values())
-    tensors += [s["momentum_buffer"] for s in trainer.optimizer.state.values()]
+    for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+        tensors += [s[name] for s in trainer.optimizer.state.values() if name in s]
     return tensors
 
 
-def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plugins):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plugins, optimizer):
     plugins = installed_falconet_plugins
+    keys = {**keys, "optimizer": optimizer}
     eager = trainer_for(keys, plugins)
     recorder = EagerStepRecorder()
     whole = trainer_for(keys, plugins, recorder)
@@ -124,12 +127,14 @@ def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plu
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize(
+    ("optimizer", "nesterov"), [("sgd", True), ("sgd", False), ("adamw", False)]
+)
 @pytest.mark.parametrize("clip", [0.0, 0.05])
-def test_the_static_update_is_torch_sgd_clip_and_ema(nesterov, clip):
-    """In float64, where rounding is ~1e-16: the static update (learning rate and momentum as
-    tensors) against clip_grad_norm_ + torch.optim.SGD + ModelEMA, for three groups with their
-    own learning rates, momenta and weight decay."""
+def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip):
+    """In float64, where rounding is ~1e-16: the static update (learning rate, momentum or
+    betas, bias corrections as tensors) against clip_grad_norm_ + torch.optim.SGD or AdamW +
+    ModelEMA, for three groups with their own learning rates, momenta and weight decay."""
     from types import SimpleNamespace
 
     from falconet.training.optimization import ModelEMA, parameter_groups
@@ -140,12 +145,15 @@ def test_the_static_update_is_torch_sgd_clip_and_ema(nesterov, clip):
         net = torch.nn.Sequential(
             torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 2, 1)
         ).double()
-        groups = parameter_groups(net, 5e-4, False)
-        optimizer = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
+        groups = parameter_groups(net, 5e-4 if optimizer == "sgd" else 0.05, False)
+        if optimizer == "sgd":
+            optim = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
+        else:
+            optim = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.999))
         cfg = SimpleNamespace(clip_grad=clip, batch=4)
         trainer = SimpleNamespace(
             model=net,
-            optimizer=optimizer,
+            optimizer=optim,
             cfg=cfg,
             ema=ModelEMA(net, 0.9999, 2000),
             device=torch.device("cpu"),
@@ -159,7 +167,11 @@ def test_the_static_update_is_torch_sgd_clip_and_ema(nesterov, clip):
 
     def schedule(trainer, k):
         for i, group in enumerate(trainer.optimizer.param_groups):
-            group["lr"], group["momentum"] = 0.01 * (i + 1) / (k + 1), 0.8 + 0.01 * k
+            group["lr"] = 0.01 * (i + 1) / (k + 1)
+            if optimizer == "sgd":
+                group["momentum"] = 0.8 + 0.01 * k
+            else:
+                group["betas"] = (0.8 + 0.01 * k, group["betas"][1])
 
     eager, static = setup(), setup()
     step = StaticStep(static)
@@ -189,10 +201,11 @@ def test_the_static_update_is_torch_sgd_clip_and_ema(nesterov, clip):
     emas = (eager.ema.module.state_dict().values(), static.ema.module.state_dict().values())
     params = list(zip(eager.model.parameters(), static.model.parameters(), strict=True))
     state_a, state_b = eager.optimizer.state, static.optimizer.state
+    keys = ("momentum_buffer",) if optimizer == "sgd" else ("exp_avg", "exp_avg_sq", "step")
     pairs = [
         *params,
         *zip(*emas, strict=True),
-        *((state_a[a]["momentum_buffer"], state_b[b]["momentum_buffer"]) for a, b in params),
+        *((state_a[a][k], state_b[b][k]) for a, b in params for k in keys),
     ]
     for a, b in pairs:
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -260,7 +273,8 @@ def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
     [
         ("bf16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
         ("fp16", {"optimizer": "sgd", "momentum": 0.9}, True, "scaler"),
-        ("bf16", {"optimizer": "adamw", "momentum": 0.9}, True, "only sgd"),
+        ("bf16", {"optimizer": "adamw", "momentum": 0.9}, True, None),
+        ("fp32", {"optimizer": "lion", "momentum": 0.9}, True, "only sgd and adamw"),
         ("bf16", {"optimizer": "sgd", "momentum": 0.0}, True, "momentum"),
         ("bf16", {"optimizer": "sgd", "momentum": 0.9, "assigner": "simota"}, False, "simota"),
     ],

@@ -49,7 +49,7 @@ class WholeStepDispatch:
     assigner (YOLO with ``tal``)."""
 
     name = "whole-step"
-    summary = "CUDA-graph capture of the whole training step (static-shaped loss, SGD, bf16/fp32)"
+    summary = "CUDA-graph capture of the whole training step (static-shaped loss, bf16/fp32)"
 
     def decline_reason(self, context: DispatchContext) -> str | None:
         reason = CudaGraphDispatch().decline_reason(context)
@@ -63,9 +63,10 @@ class WholeStepDispatch:
             )
         if context.precision == "fp16":
             return "fp16's gradient scaler reads its overflow check on the host every step"
-        if options.get("optimizer", "sgd") != "sgd":
-            return f"optimizer={options.get('optimizer')}: only sgd is captured so far"
-        if not options.get("momentum", 0.0):
+        optimizer = options.get("optimizer", "sgd")
+        if optimizer not in ("sgd", "adamw"):
+            return f"optimizer={optimizer}: only sgd and adamw are captured"
+        if optimizer == "sgd" and not options.get("momentum", 0.0):
             return "SGD without momentum is not captured (the update reads momentum buffers)"
         return None
 

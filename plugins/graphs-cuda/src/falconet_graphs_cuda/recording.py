@@ -205,7 +205,7 @@ class CudaStepRecorder:
         trainer = step.trainer
         device = trainer.device
         tensors = list(step.params) + list(step.grads)
-        tensors += [trainer.optimizer.state[p]["momentum_buffer"] for p in step.params]
+        tensors += step.state_tensors()
         floats, others = step.ema_tensors()
         tensors += floats[0] + others[0]
         saved = [t.detach().clone() for t in tensors]

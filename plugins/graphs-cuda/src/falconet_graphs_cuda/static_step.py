@@ -3,16 +3,17 @@
 ``micro(images, targets)`` is a batch's forward, loss and backward: the gradient of
 ``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
 parameters' ``.grad`` while the whole step is in use. ``update()`` is the optimizer step:
-clipping, SGD with momentum (Nesterov or not, per-group weight decay), the EMA update and
-zeroing the gradients. Everything a step changes on the host side lives in device tensors
-that are filled before each call: each group's learning rate and momentum (the warm-up ramps
-both) and the EMA's weight. The optimizer's momentum buffers are the trainer's own
-(``optimizer.state[p]["momentum_buffer"]``), so checkpoints and resume are unchanged.
+clipping, SGD with momentum (Nesterov or not, per-group weight decay) or AdamW, the EMA update
+and zeroing the gradients. Everything a step changes on the host side lives in device tensors
+that are filled before each call: each group's learning rate and momentum or betas (the
+warm-up ramps both), AdamW's bias corrections, and the EMA's weight. The optimizer's state is
+the trainer's own (``optimizer.state[p]``; AdamW's step counts stay host tensors, advanced on
+the host), so checkpoints and resume are unchanged.
 
-The SGD arithmetic is the same as ``torch.optim.SGD``'s, with the learning rate and momentum
-multiplied in as tensors rather than fused in as scalars (a fused multiply-add may round once
-where this rounds twice), so it agrees with the eager optimizer to rounding, not bit for bit;
-a replay agrees with this module run eagerly bit for bit.
+The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s, with the scalars
+multiplied in as tensors rather than fused in as Python numbers (a fused multiply-add may
+round once where this rounds twice), so it agrees with the eager optimizer to rounding, not
+bit for bit; a replay agrees with this module run eagerly bit for bit.
 
 Run eagerly on the CPU, these functions are what the CPU tests compare with the trainer's own
 step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
@@ -34,13 +35,21 @@ if TYPE_CHECKING:
 @dataclass
 class Group:
     """One optimizer parameter group: indices into the step's parameters, its constants and
-    the device tensors of its learning rate and momentum."""
+    the device tensors its update reads.
+
+    SGD: ``a`` is the learning rate, ``b`` the momentum. AdamW: ``a`` is ``1 - lr x
+    weight_decay`` (the decoupled decay), ``b`` is ``1 - beta1``, ``c`` is the square root of
+    the second moment's bias correction and ``d`` is ``-lr / (first moment's bias
+    correction)``, all computed on the host from the step count the host keeps.
+    """
 
     indices: list[int]
     weight_decay: float
     nesterov: bool
-    lr: torch.Tensor
-    momentum: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
 
 
 class StaticStep:
@@ -56,13 +65,15 @@ class StaticStep:
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
         scalar = {"device": trainer.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
+        self.adamw = isinstance(trainer.optimizer, torch.optim.AdamW)
+        if not (self.adamw or isinstance(trainer.optimizer, torch.optim.SGD)):
+            raise TypeError(f"no static update for {type(trainer.optimizer).__name__}")
         self.groups = [
             Group(
                 [index[id(p)] for p in group["params"]],
                 float(group["weight_decay"]),
                 bool(group.get("nesterov", False)),
-                torch.zeros((), **scalar),
-                torch.zeros((), **scalar),
+                *(torch.zeros((), **scalar) for _ in range(4)),
             )
             for group in trainer.optimizer.param_groups
             if group["params"]
@@ -72,9 +83,17 @@ class StaticStep:
 
     # ------------------------------------------------------------------------ host to device
     def ready(self) -> bool:
-        """Whether the optimizer has its momentum buffers (made by its first eager step)."""
+        """Whether the optimizer has its state (made by its first eager step)."""
         state = self.trainer.optimizer.state
-        return all(state.get(p, {}).get("momentum_buffer") is not None for p in self.params)
+        key = "exp_avg" if self.adamw else "momentum_buffer"
+        return all(state.get(p, {}).get(key) is not None for p in self.params)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The optimizer's device state the update writes (for a recorder to save and
+        restore around its warm-up)."""
+        state = self.trainer.optimizer.state
+        keys = ("exp_avg", "exp_avg_sq") if self.adamw else ("momentum_buffer",)
+        return [state[p][k] for p in self.params for k in keys]
 
     def bind(self) -> None:
         """Make the static buffers the parameters' ``.grad``, keeping any gradient already
@@ -96,9 +115,19 @@ class StaticStep:
         them on its optimizer) and the EMA weight into their device tensors."""
         if not update:
             return
+        state = self.trainer.optimizer.state
         for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
-            group.lr.fill_(source["lr"])
-            group.momentum.fill_(source["momentum"])
+            lr = source["lr"]
+            if not self.adamw:
+                group.a.fill_(lr)
+                group.b.fill_(source["momentum"])
+                continue
+            beta1, beta2 = source["betas"]
+            step = float(state[self.params[group.indices[0]]]["step"]) + 1  # a host tensor
+            group.a.fill_(1 - lr * group.weight_decay)
+            group.b.fill_(1 - beta1)
+            group.c.fill_((1 - beta2**step) ** 0.5)
+            group.d.fill_(-lr / (1 - beta1**step))
         ema = self.trainer.ema
         if ema is not None:
             decay = ema.decay * (1 - math.exp(-(ema.updates + 1) / ema.tau))
@@ -133,26 +162,47 @@ class StaticStep:
         trainer = self.trainer
         if trainer.cfg.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(self.params, trainer.cfg.clip_grad, foreach=True)
-        state = trainer.optimizer.state
-        for group in self.groups:
+        update = self._adamw if self.adamw else self._sgd
+        for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
             params = [self.params[i] for i in group.indices]
-            grads = [self.grads[i] for i in group.indices]
-            buffers = [state[p]["momentum_buffer"] for p in params]
-            if group.weight_decay:
-                grads = torch._foreach_add(grads, params, alpha=group.weight_decay)
-            torch._foreach_mul_(buffers, group.momentum)
-            torch._foreach_add_(buffers, grads)
-            if group.nesterov:
-                steps = torch._foreach_add(grads, torch._foreach_mul(buffers, group.momentum))
-            else:
-                steps = buffers
-            torch._foreach_sub_(params, torch._foreach_mul(steps, group.lr))
+            update(group, source, params, [self.grads[i] for i in group.indices])
         floats, others = self.ema_tensors()
         if floats[0]:
             torch._foreach_lerp_(*floats, [self.ema_weight] * len(floats[0]))
         if others[0]:
             torch._foreach_copy_(*others)
         torch._foreach_zero_(self.grads)
+
+    def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
+        """``torch.optim.SGD``: weight decay, momentum (Nesterov or not), step."""
+        buffers = [self.trainer.optimizer.state[p]["momentum_buffer"] for p in params]
+        if group.weight_decay:
+            grads = torch._foreach_add(grads, params, alpha=group.weight_decay)
+        torch._foreach_mul_(buffers, group.b)
+        torch._foreach_add_(buffers, grads)
+        if group.nesterov:
+            steps = torch._foreach_add(grads, torch._foreach_mul(buffers, group.b))
+        else:
+            steps = buffers
+        torch._foreach_sub_(params, torch._foreach_mul(steps, group.a))
+
+    def _adamw(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
+        """``torch.optim.AdamW`` (no amsgrad): decoupled decay, moments, bias-corrected step.
+        ``beta2`` and ``eps`` are constants of the run (the schedule moves only ``beta1``)."""
+        state = self.trainer.optimizer.state
+        first = [state[p]["exp_avg"] for p in params]
+        second = [state[p]["exp_avg_sq"] for p in params]
+        beta2, eps = source["betas"][1], source["eps"]
+        if group.weight_decay:
+            torch._foreach_mul_(params, group.a)
+        torch._foreach_lerp_(first, grads, [group.b] * len(first))
+        torch._foreach_mul_(second, beta2)
+        torch._foreach_addcmul_(second, grads, grads, 1 - beta2)
+        denominators = torch._foreach_sqrt(second)
+        torch._foreach_div_(denominators, group.c)
+        torch._foreach_add_(denominators, eps)
+        torch._foreach_div_(denominators, group.d)  # d < 0: the step's sign and size
+        torch._foreach_addcdiv_(params, first, denominators)
 
     def ema_tensors(self) -> tuple[tuple[list, list], tuple[list, list]]:
         """``(ema floats, model floats), (ema others, model others)``: the pairs the EMA
@@ -165,6 +215,10 @@ class StaticStep:
         return ema._floats, ema._others
 
     def after_update(self) -> None:
-        """Host-side bookkeeping of an update done by :meth:`update` (eager or replayed)."""
+        """Host-side bookkeeping of an update done by :meth:`update` (eager or replayed): the
+        EMA's update count and AdamW's step counts (host tensors, as torch keeps them)."""
         if self.trainer.ema is not None:
             self.trainer.ema.updates += 1
+        if self.adamw:
+            state = self.trainer.optimizer.state
+            torch._foreach_add_([state[p]["step"] for p in self.params], 1)
