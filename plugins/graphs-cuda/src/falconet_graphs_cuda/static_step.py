@@ -79,7 +79,6 @@ class StaticStep:
             if group["params"]
         ]
         self.ema_weight = torch.zeros((), **scalar)
-        self.bound = False
 
     # ------------------------------------------------------------------------ host to device
     def ready(self) -> bool:
@@ -108,7 +107,6 @@ class StaticStep:
             else:
                 static.copy_(grad)
             param.grad = static
-        self.bound = True
 
     def fill_scalars(self, *, update: bool) -> None:
         """Copy this step's learning rates and momenta (the trainer's schedule has just set

@@ -26,7 +26,7 @@ into them as autograd does.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -154,12 +154,3 @@ class WholeStepRunner:
             m,
         )
         return recording
-
-
-def describe(runner: WholeStepRunner) -> dict[str, Any]:
-    """Counts and buckets, for logs and the GPU check script."""
-    return {
-        **runner.counts,
-        "buckets": {str(list(k[0])): [r.bucket for r in v] for k, v in runner.micros.items()},
-        "failed_with": runner.failed,
-    }
