@@ -13,10 +13,10 @@ under ``"error"`` to show where the first one is, if any.
 from __future__ import annotations
 
 import argparse
-import statistics
 import warnings
 
 import torch
+from bench_train import median_ms  # the same CUDA-event timing (tools/ is on the path)
 
 from falconet.plugins import get_plugins
 
@@ -99,15 +99,7 @@ def measure(
             print(f"first sync: {exc}")
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    times = []
-    for _ in range(args.steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), syncs
+    return median_ms(step, warmup=0, steps=args.steps), syncs  # warmed up above
 
 
 if __name__ == "__main__":
