@@ -10,10 +10,11 @@ warm-up ramps both), AdamW's bias corrections, and the EMA's weight. The optimiz
 the trainer's own (``optimizer.state[p]``; AdamW's step counts stay host tensors, advanced on
 the host), so checkpoints and resume are unchanged.
 
-The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s, with the scalars
-multiplied in as tensors rather than fused in as Python numbers (a fused multiply-add may
-round once where this rounds twice), so it agrees with the eager optimizer to rounding, not
-bit for bit; a replay agrees with this module run eagerly bit for bit.
+The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s. SGD's is bit for bit
+torch's (its fused multiply-adds by a Python number become ``addcmul`` by the tensor broadcast
+to the parameter's shape, which rounds once too); AdamW's multiplies its step size in as a
+tensor where torch fuses it in as a Python number, so it agrees to rounding, not bit for bit.
+A replay agrees with this module run eagerly bit for bit.
 
 Run eagerly on the CPU, these functions are what the CPU tests compare with the trainer's own
 step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
@@ -37,7 +38,7 @@ class Group:
     """One optimizer parameter group: indices into the step's parameters, its constants and
     the device tensors its update reads.
 
-    SGD: ``a`` is the learning rate, ``b`` the momentum. AdamW: ``a`` is ``1 - lr x
+    SGD: ``b`` is the momentum, ``c`` minus the learning rate. AdamW: ``a`` is ``1 - lr x
     weight_decay`` (the decoupled decay), ``b`` is ``1 - beta1``, ``c`` is the square root of
     the second moment's bias correction and ``d`` is ``-lr / (first moment's bias
     correction)``, all computed on the host from the step count the host keeps.
@@ -79,6 +80,18 @@ class StaticStep:
             if group["params"]
         ]
         self.ema_weight = torch.zeros((), **scalar)
+        # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
+        self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
+        self.forward = self._eager_forward
+        if getattr(trainer.cfg, "fuse", "none") == "inductor":
+            # default mode: Inductor's fused kernels, no CUDA graphs of its own (the step's
+            # recorder captures the compiled kernels with everything else)
+            self.forward = torch.compile(self._eager_forward, dynamic=False)
+
+    def _eager_forward(
+        self, leaves: dict[str, torch.Tensor], images: torch.Tensor
+    ) -> Any:
+        return functional_call(self.network, leaves, (images,))
 
     # ------------------------------------------------------------------------ host to device
     def ready(self) -> bool:
@@ -117,8 +130,8 @@ class StaticStep:
         for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
             lr = source["lr"]
             if not self.adamw:
-                group.a.fill_(lr)
                 group.b.fill_(source["momentum"])
+                group.c.fill_(-lr)
                 continue
             beta1, beta2 = source["betas"]
             step = float(state[self.params[group.indices[0]]]["step"]) + 1  # a host tensor
@@ -144,7 +157,7 @@ class StaticStep:
         pairs = zip(self.names, self.params, strict=True)
         leaves = {n: p.detach().requires_grad_() for n, p in pairs}
         with trainer.precision.autocast(trainer.device):
-            outputs = functional_call(self.network, leaves, (images,))
+            outputs = self.forward(leaves, images)
         loss, parts = trainer.loss_fn(outputs, targets)
         grads = torch.autograd.grad(
             loss * trainer.cfg.batch, list(leaves.values()), allow_unused=True
@@ -172,17 +185,23 @@ class StaticStep:
         torch._foreach_zero_(self.grads)
 
     def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
-        """``torch.optim.SGD``: weight decay, momentum (Nesterov or not), step."""
+        """``torch.optim.SGD``: weight decay, momentum (Nesterov or not), step.
+
+        torch adds ``alpha x buffer`` with ``alpha`` a Python number, in one fused multiply-add
+        (one rounding). A device-tensor ``alpha`` has no such overload, so the tensor is
+        broadcast to each parameter's shape (``ones x alpha`` is exact) and the step is
+        ``addcmul``, which rounds once as well: bit for bit torch's result."""
         buffers = [self.trainer.optimizer.state[p]["momentum_buffer"] for p in params]
+        ones = [self.ones[i] for i in group.indices]
         if group.weight_decay:
             grads = torch._foreach_add(grads, params, alpha=group.weight_decay)
         torch._foreach_mul_(buffers, group.b)
         torch._foreach_add_(buffers, grads)
         if group.nesterov:
-            steps = torch._foreach_add(grads, torch._foreach_mul(buffers, group.b))
+            steps = torch._foreach_addcmul(grads, buffers, torch._foreach_mul(ones, group.b))
         else:
             steps = buffers
-        torch._foreach_sub_(params, torch._foreach_mul(steps, group.a))
+        torch._foreach_addcmul_(params, steps, torch._foreach_mul(ones, group.c))
 
     def _adamw(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
         """``torch.optim.AdamW`` (no amsgrad): decoupled decay, moments, bias-corrected step.

@@ -50,6 +50,11 @@ class TrainConfig(BaseModel):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode for graph=compile"
     )
+    fuse: Literal["none", "inductor"] = Field(
+        "none",
+        description="graph=whole-step: inductor compiles the network before capture, fusing "
+        "BatchNorm, SiLU and copies into fewer kernels (slower to start)",
+    )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd or adamw")
