@@ -1,11 +1,14 @@
-"""Paired-run check of ``graph=cuda-graph`` against eager, on a GPU.
+"""Paired-run check of the CUDA-graph backends against eager, on a GPU.
 
     python tools/check_graphs.py --data .data/coco128/coco128.yaml --amp fp32,fp16,bf16 \\
         --steps 24 --out graphs-check.json
 
-For each precision, three trainers start from the same state (same seed, same initial
+For each precision, the trainers start from the same state (same seed, same initial
 weights) and train on the same batches (fetched once, kept on the host): eager, eager again
-(the baseline: how far two eager runs already differ) and cuda-graph. Batch 16 with
+(the baseline: how far two eager runs already differ), cuda-graph twice (is a replay
+deterministic run to run) and, except in fp16, whole-step (and with ``--fuse PRECISIONS``
+whole-step with ``fuse=inductor``). ``--strict`` turns on ``torch.use_deterministic_algorithms``
+(warning where an op has no deterministic kernel). Batch 16 with
 ``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-accumulation copy is on
 the path. Compared after every step's loss and at the end: weights, EMA weights, optimizer
 state (bit-equal counts and the largest difference). Peak allocated and reserved memory of
@@ -125,26 +128,31 @@ def paired(args, amp: str, tmp: Path) -> dict:
         project=str(tmp),
         exist_ok=True,
     )
-    arms = [("eager", "eager"), ("eager2", "eager"), ("graph", "cuda-graph")]
+    arms = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
+    arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
     if amp != "fp16":  # whole-step declines fp16 (its scaler checks for overflow on the host)
-        arms.append(("whole", "whole-step"))
+        arms.append(("whole", "whole-step", {}))
+        if amp in args.fuse.split(","):
+            arms.append(("fused", "whole-step", {"fuse": "inductor"}))
     trainers = {
-        name: build({**keys, "graph": graph, "optimizer": "sgd", "name": f"{amp}-{name}"})
-        for name, graph in arms
+        name: build({**keys, **extra, "graph": graph, "optimizer": "sgd", "name": f"{amp}-{name}"})
+        for name, graph, extra in arms
     }
     batches = fetch_batches(trainers["eager"], args.steps)
     runs = {name: train(trainer, batches) for name, trainer in trainers.items()}
     whole = {}
-    if "whole" in trainers:
-        runner = trainers["whole"].step_runner
-        whole = {
-            "whole_used": trainers["whole"].graph,
-            "whole_vs_eager": compare(
-                trainers["eager"], trainers["whole"], runs["eager"], runs["whole"]
+    for name in ("whole", "fused"):
+        if name not in trainers:
+            continue
+        runner = trainers[name].step_runner
+        whole |= {
+            f"{name}_used": trainers[name].graph,
+            f"{name}_vs_eager": compare(
+                trainers["eager"], trainers[name], runs["eager"], runs[name]
             ),
-            "whole_counts": dict(runner.counts) if runner else {},
-            "whole_failed_with": runner.failed if runner else None,
-            "losses_whole": runs["whole"]["losses"].tolist(),
+            f"{name}_counts": dict(runner.counts) if runner else {},
+            f"{name}_failed_with": runner.failed if runner else None,
+            f"losses_{name}": runs[name]["losses"].tolist(),
             "losses_eager": runs["eager"]["losses"].tolist(),
         }
     return {
@@ -156,6 +164,9 @@ def paired(args, amp: str, tmp: Path) -> dict:
         ),
         "graph_vs_eager": compare(
             trainers["eager"], trainers["graph"], runs["eager"], runs["graph"]
+        ),
+        "graph_vs_graph": compare(
+            trainers["graph"], trainers["graph2"], runs["graph"], runs["graph2"]
         ),
         "memory_mib": {
             n: {
@@ -275,9 +286,19 @@ def main() -> None:
     parser.add_argument(
         "--full-runs", default="", help="graph backends to also train 3 epochs with: eager,..."
     )
+    parser.add_argument(
+        "--fuse", default="", help="precisions to also run whole-step with fuse=inductor in"
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="torch.use_deterministic_algorithms for every arm (warn where none exists)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.strict:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     tmp = Path(tempfile.mkdtemp(prefix="check-graphs-"))
     cuda = torch.cuda.is_available()
     report: dict = {
@@ -288,7 +309,7 @@ def main() -> None:
     for amp in args.amp.split(","):
         result = paired(args, amp, tmp)
         report["paired"].append(result)
-        print(json.dumps({k: v for k, v in result.items() if k != "losses_graph"}), flush=True)
+        print(json.dumps({k: v for k, v in result.items() if "losses" not in k}), flush=True)
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
     if args.full_runs:

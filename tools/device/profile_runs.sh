@@ -9,7 +9,7 @@
 #   traces.tgz         the Chrome traces of the pairs in $traces (they are tens of MB each)
 # Knobs (environment): graphs (default: eager, compile and cuda-graph where installed),
 # batches (default "4 16 64"), repeat (trials per pair, default 1), traces (default
-# "eager-b4 eager-b64").
+# "eager-b4 eager-b64"), pair_timeout (seconds per pair, default 420).
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl
@@ -28,7 +28,7 @@ for graph in $graphs; do
   for batch in $batches; do
     name=$graph-b$batch
     SECONDS=0
-    timeout 420 falconet profile run "$data" --model yolo-n "${common[@]}" batch="$batch" \
+    timeout "${pair_timeout:-420}" falconet profile run "$data" --model yolo-n "${common[@]}" batch="$batch" \
       graph="$graph" project=/tmp/profiles name="$name" --repeat "$repeat" \
       > "$OUT/$name.txt" 2> "$OUT/$name.log"
     status=$?
