@@ -3,6 +3,7 @@ error) and falconet-profiler inside real CPU runs (hooks removed, same weights, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,49 @@ def test_a_run_shorter_than_the_window_reports_what_it_measured(keys, caplog):
     assert "the run ended after 3 of the window's 10 batches" in caplog.text
     doc = (Path(summary["run_dir"]) / "profile.json").read_text()
     assert '"complete": false' in doc
+
+
+class RecordsAt:
+    """A step runner standing in for a graph backend's: it runs every batch eagerly
+    (returns ``None``) but reports a capture at the given batches, as ``whole-step`` does
+    when a new target bucket repeats."""
+
+    def __init__(self, batches: set[int]) -> None:
+        self.batches, self.calls = batches, 0
+        self.counts = {"recorded": 0, "failed": 0}
+
+    def __call__(self, images, targets, *, optimizer_step):
+        if self.calls in self.batches:
+            self.counts["recorded"] += 1
+        self.calls += 1
+        return None
+
+
+@pytest.mark.parametrize(
+    ("captures", "clock_from", "in_window"),
+    [
+        (set(), 2, 0),  # no capture: the window is batches 2-5
+        ({0}, 3, 0),  # a capture in batch 0: 2 clean batches (1, 2) first, so 3-6
+        ({3}, 6, 0),  # in the unsynchronised half (batches 2-3): dropped, 6-9 instead
+        ({0, 3}, 6, 0),
+        ({4}, 2, 1),  # in the synchronised half (4-5): measured, and counted
+    ],
+)
+def test_the_window_waits_out_graph_captures(
+    keys, installed_falconet_plugins, captures, clock_from, in_window
+):
+    plan = plan_run(
+        {**keys, "epochs": 4, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
+        installed_falconet_plugins,
+    )
+    trainer = Trainer(plan, installed_falconet_plugins, [Profiler(), seen := PhasesSeen()])
+    trainer.step_runner = RecordsAt(captures)
+    summary = trainer.fit()
+    # seen.kinds[i] is what batch i + 1 runs with (the profiler prepares it first); a half
+    # dropped for a capture was timed too, so only the last block of clocks is the window
+    assert seen.kinds[clock_from - 1 :] == ["clock"] * 4 + ["none"] * (9 - clock_from)
+    assert seen.kinds[clock_from - 2] == "none"
+    doc = json.loads((Path(summary["run_dir"]) / "profile.json").read_text())
+    assert doc["window"]["warmup"] == clock_from
+    assert doc["window"]["unsynced"] == doc["window"]["synced"] == 2
+    assert doc["window"]["graph_captures"] == in_window

@@ -88,9 +88,7 @@ class StaticStep:
             # recorder captures the compiled kernels with everything else)
             self.forward = torch.compile(self._eager_forward, dynamic=False)
 
-    def _eager_forward(
-        self, leaves: dict[str, torch.Tensor], images: torch.Tensor
-    ) -> Any:
+    def _eager_forward(self, leaves: dict[str, torch.Tensor], images: torch.Tensor) -> Any:
         return functional_call(self.network, leaves, (images,))
 
     # ------------------------------------------------------------------------ host to device

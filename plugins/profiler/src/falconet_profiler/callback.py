@@ -10,6 +10,16 @@ into the run folder, logs the report and lets training go on, or, with
 ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
+Graph backends record a CUDA graph for each new shape (and ``whole-step`` for each new target
+bucket) on its third call; a capture costs tens to hundreds of milliseconds and allocates, so
+a window that holds one would report that cost (and its ``cudaMalloc`` calls) as the step's.
+A capture during the discarded batches or the unsynchronised half moves the window so that it
+starts only after ``profile_warmup`` batches in a row without one (at most
+``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
+``profile.json`` (``window.graph_captures``). Captures are read from the backend's wrappers,
+whose ``counts["recorded"]`` and ``counts["failed"]`` say how many it has tried
+(:func:`graph_captures`).
+
 Distributed runs: rank 0 profiles; the other ranks count the same batches without timing
 anything, so with ``profile_then_stop`` every rank stops after the same batch.
 """
@@ -29,6 +39,20 @@ if TYPE_CHECKING:
     from falconet.training.trainer import Trainer
 
 log = logging.getLogger("falconet.profile")
+
+MAX_WAIT_BATCHES = 200
+"""How many batches past ``profile_warmup`` the window may be moved to wait out captures."""
+
+
+def graph_captures(trainer: Trainer) -> int:
+    """Captures the run's graph backend has tried so far: the ``recorded`` and ``failed``
+    counts of its network wrapper and step runner (0 for a backend that records nothing)."""
+    total = 0
+    for owner in (trainer.network, trainer.step_runner):
+        counts = getattr(owner, "counts", None)
+        if isinstance(counts, dict):
+            total += int(counts.get("recorded", 0)) + int(counts.get("failed", 0))
+    return total
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -71,6 +95,8 @@ class Profiler:
         self.active = True
         self.torch_profiler = None
         self.memory: list[dict[str, Any]] = []
+        self.captures = graph_captures(trainer)
+        self.captures_in_window = 0
         self._prepare(trainer)
 
     def on_step_end(self, trainer: Trainer) -> None:
@@ -81,6 +107,7 @@ class Profiler:
             record.epoch, record.batch_in_epoch = trainer.epoch, trainer.batch_in_epoch
             record.images = _images_in(trainer, trainer.batch_in_epoch)
             self.records.append(record)
+        self._follow_captures(trainer)
         self.seen += 1
         if self.window.part(self.seen) == "after":
             self._finish(trainer)
@@ -107,6 +134,28 @@ class Profiler:
             self._finish(trainer, write=False)
 
     # ---------------------------------------------------------------------------- window
+    def _follow_captures(self, trainer: Trainer) -> None:
+        """After batch ``self.seen``: if the graph backend captured during it, start the
+        window ``profile_warmup`` batches later (dropping an unsynchronised half begun), or,
+        in the synchronised half or past the wait limit, count the capture."""
+        captures = graph_captures(trainer)
+        if captures == self.captures:
+            return
+        self.captures = captures
+        part = self.window.part(self.seen)
+        warmup = trainer.cfg.profile_warmup
+        start = self.seen + 1 + warmup
+        if part not in ("warmup", "unsynced") or start > warmup + MAX_WAIT_BATCHES:
+            self.captures_in_window += 1
+            return
+        if part == "unsynced" and self.measuring:
+            log.info("profiler: a graph capture at batch %d; the window starts again", self.seen)
+            trainer.phases = self.original_phases
+            self.clock.batch = None
+            self.records.clear()
+            self.memory.clear()
+        self.window = Window(start, self.window.steps)
+
     def _prepare(self, trainer: Trainer) -> None:
         """Before batch ``self.seen``: start the window, switch halves, open its record."""
         part = self.window.part(self.seen)
@@ -266,6 +315,7 @@ class Profiler:
                 "unsynced": len(fast),
                 "synced": len(slow),
                 "complete": self.seen >= self.window.end,
+                "graph_captures": self.captures_in_window,
             },
             "unsynced": unsynced,
             "synced": synced,

@@ -186,6 +186,11 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
         f"{run['accumulate']}, {_device(run)}, "
         f"{run['precision']}, graph={run['graph']}"
     )
+    if window.get("graph_captures"):
+        lines.append(
+            f"  note: {window['graph_captures']} graph capture(s) in the synchronised half; "
+            "its phase and kernel times include them (raise profile_warmup)"
+        )
     spread = fast["step_ms"]["std"]
     per_update = f"; {_num(e['update_ms'])} ms per optimizer step" if run["accumulate"] > 1 else ""
     lines.append(
