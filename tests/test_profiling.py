@@ -213,3 +213,27 @@ def test_the_window_waits_out_graph_captures(
     assert doc["window"]["warmup"] == clock_from
     assert doc["window"]["unsynced"] == doc["window"]["synced"] == 2
     assert doc["window"]["graph_captures"] == in_window
+
+
+class DrainSeen(Profiler):
+    """The profiler, noting the batch after which it waits for the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drained: list[int] = []
+
+    def _drain(self, trainer) -> None:
+        self.drained.append(self.seen)
+        super()._drain(trainer)
+
+
+def test_the_unsynchronised_half_ends_when_the_device_is_done(keys, installed_falconet_plugins):
+    """Batches 2-3 are the unsynchronised half (warm-up 2, 4 measured): its last batch waits
+    for the device, once, so the half's time covers what the host queued."""
+    plan = plan_run(
+        {**keys, "epochs": 3, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
+        installed_falconet_plugins,
+    )
+    profiler = DrainSeen()
+    Trainer(plan, installed_falconet_plugins, [profiler]).fit()
+    assert profiler.drained == [3]

@@ -3,7 +3,8 @@
 It counts batches from the start of the run. After ``profile_warmup`` discarded batches it
 swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``; it measures
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
-loader wait), the second half synchronised around each phase and, on CUDA, under
+loader wait; its last batch ends when the device has finished the half, so a host that runs
+ahead of the GPU does not make the step look shorter), the second half synchronised around each phase and, on CUDA, under
 torch.profiler (kernel figures; GPU busy is their GPU time per batch over the first half's
 step time). Then it restores ``trainer.phases``, stops the profiler, writes the artifacts
 into the run folder, logs the report and lets training go on, or, with
@@ -103,6 +104,8 @@ class Profiler:
         if not self.active:
             return
         if self.measuring and self.clock.batch is not None:
+            if self.window.part(self.seen) == "unsynced" != self.window.part(self.seen + 1):
+                self._drain(trainer)
             record = self.clock.end_batch()
             record.epoch, record.batch_in_epoch = trainer.epoch, trainer.batch_in_epoch
             record.images = _images_in(trainer, trainer.batch_in_epoch)
@@ -134,6 +137,16 @@ class Profiler:
             self._finish(trainer, write=False)
 
     # ---------------------------------------------------------------------------- window
+    def _drain(self, trainer: Trainer) -> None:
+        """End the unsynchronised half's last batch when the device has finished the half's
+        work. The host may run ahead of the GPU (a replayed graph launches in microseconds
+        and nothing syncs), and then the half's host time alone would undercount the step:
+        the window starts synchronised, so the half's time is the device's."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(trainer.device)
+
     def _follow_captures(self, trainer: Trainer) -> None:
         """After batch ``self.seen``: if the graph backend captured during it, start the
         window ``profile_warmup`` batches later (dropping an unsynchronised half begun), or,
