@@ -156,7 +156,7 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
             optim = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
         else:
             optim = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.999))
-        cfg = SimpleNamespace(clip_grad=clip, batch=4)
+        cfg = SimpleNamespace(clip_grad=clip, batch=4, fuse="none")
         trainer = SimpleNamespace(
             model=net,
             optimizer=optim,
@@ -327,3 +327,13 @@ def test_fuse_inductor_compiles_the_network_inside_the_step(keys, installed_falc
     assert counters["stats"]["unique_graphs"] >= 1  # Dynamo compiled the forward
     assert not counters["graph_break"]  # in one piece: no eager op between Inductor kernels
     torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_fuse_without_whole_step_is_ignored_with_a_warning(
+    keys, installed_falconet_plugins, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="falconet.train"):
+        trainer = trainer_for({**keys, "fuse": "inductor"}, installed_falconet_plugins)
+    assert trainer.step_runner is None
+    assert "fuse=inductor applies inside graph=whole-step's captured step" in caplog.text
+    assert "graph=eager, so it is ignored" in caplog.text

@@ -43,7 +43,14 @@ def test_the_run_folder_holds_the_four_files(profiled_run: Path):
     doc = load(profiled_run)
     assert check(doc) == [] and doc["schema"] == SCHEMA
     assert doc["run"]["device"] == "cpu" and doc["gpu"] is None and doc["memory"] is None
-    assert doc["window"] == {"warmup": 1, "steps": 6, "unsynced": 3, "synced": 3, "complete": True}
+    assert doc["window"] == {
+        "warmup": 1,
+        "steps": 6,
+        "unsynced": 3,
+        "synced": 3,
+        "complete": True,
+        "graph_captures": 0,
+    }
     assert doc["verdict"]["name"] in ("compute", "dataloader")
     assert doc["verdict"]["gpu_trace"] is False
     assert doc["trials"][0]["run_dir"] == str(profiled_run)

@@ -71,6 +71,10 @@ def test_compute():
     assert sets(fp32) == ["amp_dtype=bf16"]
     low_tensor_cores = decide(evidence(tensor_core_share=0.2), GPU)
     assert sets(low_tensor_cores) == ["graph=compile"]
+    whole_step = Context(device="cuda", graph="whole-step")
+    assert sets(decide(evidence(), whole_step)) == ["fuse=inductor"]
+    fused = Context(device="cuda", graph="whole-step", fuse="inductor")
+    assert sets(decide(evidence(), fused)) == []
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ class StaticStep:
         # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         self.forward = self._eager_forward
-        if getattr(trainer.cfg, "fuse", "none") == "inductor":
+        if trainer.cfg.fuse == "inductor":
             # default mode: Inductor's fused kernels, no CUDA graphs of its own (the step's
             # recorder captures the compiled kernels with everything else)
             self.forward = torch.compile(self._eager_forward, dynamic=False)

@@ -284,6 +284,7 @@ class Profiler:
         context = Context(
             device=trainer.device.type,
             graph=trainer.graph,
+            fuse=cfg.fuse,
             precision=trainer.precision.name,
             batch=cfg.batch,
             workers=cfg.workers,

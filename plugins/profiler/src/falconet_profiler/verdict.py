@@ -46,6 +46,7 @@ class Context:
 
     device: str = "cuda"
     graph: str = "eager"
+    fuse: str = "none"
     precision: str = "bf16"
     batch: int = 16
     workers: int = 8
@@ -208,6 +209,12 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
             if low and c.graph == "eager":
                 why = f"only {share:.0%} of kernel time is on Tensor Cores; fuse the rest"
                 out.append(_lever("graph", "compile", why))
+            if c.graph == "whole-step" and c.fuse != "inductor":
+                why = (
+                    "compile the network with Inductor inside the captured step: BatchNorm, "
+                    "SiLU and copies fused (not bit for bit; a compilation at the start)"
+                )
+                out.append(_lever("fuse", "inductor", why))
             if "fp8" in c.precisions and c.precision != "fp8":
                 out.append(_lever("amp_dtype", "fp8", "FP8 Tensor Cores (Hopper and later)"))
     elif name == "memory-pressure":

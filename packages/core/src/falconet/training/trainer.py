@@ -114,6 +114,13 @@ class Trainer:
         self.graph, self.network = choose_dispatch(cfg.graph, context, self.model, plugins)
         wrap_step = getattr(plugins.graph_backends.get(self.graph), "wrap_step", None)
         self.step_runner = wrap_step(self) if wrap_step is not None else None
+        if cfg.fuse != "none" and self.step_runner is None:
+            log.warning(
+                "fuse=%s applies inside graph=whole-step's captured step; this run uses "
+                "graph=%s, so it is ignored (graph=compile compiles an eager step)",
+                cfg.fuse,
+                self.graph,
+            )
         self.epoch = self.step = self.bad_validations = 0
         self.best, self.best_epoch = -math.inf, 0
         self.batch_in_epoch, self.logged = 0, {}
