@@ -4,11 +4,11 @@ It counts batches from the start of the run. After ``profile_warmup`` discarded 
 swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``; it measures
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
 loader wait; its last batch ends when the device has finished the half, so a host that runs
-ahead of the GPU does not make the step look shorter), the second half synchronised around each phase and, on CUDA, under
-torch.profiler (kernel figures; GPU busy is their GPU time per batch over the first half's
-step time). Then it restores ``trainer.phases``, stops the profiler, writes the artifacts
-into the run folder, logs the report and lets training go on, or, with
-``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
+ahead of the GPU does not make the step look shorter), the second half synchronised around
+each phase and, on CUDA, under torch.profiler (kernel figures; GPU busy is their GPU time
+per batch over the first half's step time). Then it restores ``trainer.phases``, stops the
+profiler, writes the artifacts into the run folder, logs the report and lets training go on,
+or, with ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
 Graph backends record a CUDA graph for each new shape (and ``whole-step`` for each new target
