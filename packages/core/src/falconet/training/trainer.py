@@ -242,9 +242,11 @@ class Trainer:
         the optimizer step and EMA update. Returns the loss and its parts (device tensors).
 
         A backend's step runner (``graph=whole-step``) does all of it where it can."""
+        scheduled = False
         if self.step_runner is not None:
             if optimizer_step:
                 self.schedule.apply(self.optimizer, self.step, self.epoch)
+                scheduled = True
             with self.phases("step"):
                 done = self.step_runner(images, targets, optimizer_step=optimizer_step)
             if done is not None:
@@ -258,12 +260,15 @@ class Trainer:
             scaled = loss * self.cfg.batch
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if optimizer_step:
-            self._optimizer_step()
+            self._optimizer_step(scheduled=scheduled)
         return loss, parts
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, *, scheduled: bool = False) -> None:
+        """Clip, step, zero and EMA; ``scheduled``: this step's learning rates and momenta
+        are already set (the step runner's path did it before it fell back to eager)."""
         with self.phases("optimizer"):
-            self.schedule.apply(self.optimizer, self.step, self.epoch)
+            if not scheduled:
+                self.schedule.apply(self.optimizer, self.step, self.epoch)
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
             if self.cfg.clip_grad > 0:
