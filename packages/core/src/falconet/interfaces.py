@@ -226,6 +226,10 @@ class GraphBackend(Protocol):
     its optimizer before an updating batch and counts the update); ``None`` means "run this
     batch eagerly". The runner must leave the trainer's model, optimizer state and EMA as the
     eager step would, so checkpoints and resume do not depend on the backend.
+
+    A wrapper or runner that records graphs as it goes may expose ``counts``, a dict whose
+    ``recorded`` and ``failed`` entries count its captures: falconet-profiler starts its
+    window only after they stop changing, so a capture is not timed as a training step.
     """
 
     name: str
