@@ -94,12 +94,13 @@ class PhasesSeen:
 
 def test_the_window_hooks_in_and_out_and_training_goes_on(keys, installed_falconet_plugins):
     plan = plan_run(
-        {**keys, "epochs": 3, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
+        {**keys, "epochs": 3, "profile": "true", "profile_warmup": 1, "profile_steps": 4},
         installed_falconet_plugins,
     )
     seen = PhasesSeen()
     summary = Trainer(plan, installed_falconet_plugins, [Profiler(), seen]).fit()
-    # the clock is installed after batch 1 (0-based) for batches 2-5, then the default is back
+    # batch 1 (0-based) is the first optimizer step and batch 2 the one discarded after it:
+    # the clock is installed after batch 1 for batches 2-5, then the default is back
     assert seen.kinds == ["none"] + ["clock"] * 4 + ["none"] * 4
     assert summary["epochs"] == 3 and summary["stop_reason"] == ""
     assert (Path(summary["run_dir"]) / "profile.json").exists()
@@ -125,7 +126,7 @@ def test_other_ranks_measure_nothing_but_stop_with_rank_0(keys, installed_falcon
             **keys,
             "epochs": 3,
             "profile": "true",
-            "profile_warmup": 1,
+            "profile_warmup": 0,
             "profile_steps": 3,
             "profile_then_stop": "true",
         },
@@ -145,7 +146,7 @@ def test_train_cli_with_profile_then_stop(falconet_cli, keys):
         *pairs,
         "epochs=5",
         "profile=true",
-        "profile_warmup=1",
+        "profile_warmup=0",
         "profile_steps=3",
         "profile_then_stop=true",
     )
@@ -164,7 +165,8 @@ def test_a_run_shorter_than_the_window_reports_what_it_measured(keys, caplog):
         summary = Detector("yolo-n").train(
             **keys, epochs=1, profile=True, profile_warmup=0, profile_steps=10
         )
-    assert "the run ended after 3 of the window's 10 batches" in caplog.text
+    # accumulate 2: the first optimizer step (batch 1) is discarded, then 10 measured
+    assert "the run ended after 3 of the window's 11 batches (1 discarded" in caplog.text
     doc = (Path(summary["run_dir"]) / "profile.json").read_text()
     assert '"complete": false' in doc
 
@@ -188,11 +190,13 @@ class RecordsAt:
 @pytest.mark.parametrize(
     ("captures", "clock_from", "in_window"),
     [
-        (set(), 2, 0),  # no capture: the window is batches 2-5
-        ({0}, 3, 0),  # a capture in batch 0: 2 clean batches (1, 2) first, so 3-6
-        ({3}, 6, 0),  # in the unsynchronised half (batches 2-3): dropped, 6-9 instead
+        # accumulate 2: the first optimizer step is batch 1, then 2 discarded: batches 3-6
+        (set(), 3, 0),
+        ({0}, 3, 0),  # a capture in batch 0: 2 clean batches after it are there anyway
+        ({1}, 4, 0),  # in batch 1: 2 clean batches (2, 3) first, so 4-7
+        ({3}, 6, 0),  # in the unsynchronised half (batches 3-4): dropped, 6-9 instead
         ({0, 3}, 6, 0),
-        ({4}, 2, 1),  # in the synchronised half (4-5): measured, and counted
+        ({5}, 3, 1),  # in the synchronised half (5-6): measured, and counted
     ],
 )
 def test_the_window_waits_out_graph_captures(
@@ -228,12 +232,13 @@ class DrainSeen(Profiler):
 
 
 def test_the_unsynchronised_half_ends_when_the_device_is_done(keys, installed_falconet_plugins):
-    """Batches 2-3 are the unsynchronised half (warm-up 2, 4 measured): its last batch waits
-    for the device, once, so the half's time covers what the host queued."""
+    """Batches 3-4 are the unsynchronised half (the first optimizer step at batch 1, 2
+    discarded, 4 measured): its last batch waits for the device, once, so the half's time
+    covers what the host queued."""
     plan = plan_run(
         {**keys, "epochs": 3, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
         installed_falconet_plugins,
     )
     profiler = DrainSeen()
     Trainer(plan, installed_falconet_plugins, [profiler]).fit()
-    assert profiler.drained == [3]
+    assert profiler.drained == [4]

@@ -32,14 +32,15 @@ def run_keys(profile_data: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def profiled_run(run_keys: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder of a 3-epoch run profiled over 1 discarded + 6 measured batches."""
+    """The folder of a 3-epoch run profiled over 1 discarded (the first optimizer step, at
+    accumulate 2) + 6 measured batches."""
     from falconet import Detector
 
     summary = Detector("yolo-n").train(
         **run_keys,
         epochs=3,
         profile=True,
-        profile_warmup=1,
+        profile_warmup=0,
         profile_steps=6,
         project=str(tmp_path_factory.mktemp("runs")),
     )

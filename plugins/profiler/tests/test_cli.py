@@ -115,6 +115,7 @@ def test_run_repeats_fresh_trials_and_combines_them(falconet_cli, run_keys, tmp_
         "yolo-n",
         *keys,
         "epochs=2",
+        "nbs=8",  # accumulate 1: the window is batches 0-1, inside epoch 1
         "profile_warmup=0",
         "profile_steps=2",
         f"project={tmp_path}",

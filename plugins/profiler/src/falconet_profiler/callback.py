@@ -1,6 +1,8 @@
 """The ``profiler`` callback that ``profile=true`` adds to a run.
 
-It counts batches from the start of the run. After ``profile_warmup`` discarded batches it
+It counts batches from the start of the run. It discards the batches up to the run's first
+optimizer step (which creates the optimizer's state, and after which a whole-step backend can
+capture; ``accumulate`` batches) and ``profile_warmup`` more; then it
 swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``; it measures
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
 loader wait; its last batch ends when the device has finished the half, so a host that runs
@@ -82,7 +84,8 @@ class Profiler:
     # ------------------------------------------------------------------------- callbacks
     def on_train_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg
-        self.window = Window(cfg.profile_warmup, cfg.profile_steps)
+        first_update = trainer.accumulate - 1  # the batch of the first optimizer step
+        self.window = Window(first_update + cfg.profile_warmup, cfg.profile_steps)
         rank, self.world_size = _rank_and_world()
         self.rank = rank if self.forced_rank is None else self.forced_rank
         self.measuring = self.rank == 0
@@ -167,7 +170,7 @@ class Profiler:
             self.clock.batch = None
             self.records.clear()
             self.memory.clear()
-        self.window = Window(start, self.window.steps)
+        self.window = Window(max(start, self.window.warmup), self.window.steps)
 
     def _prepare(self, trainer: Trainer) -> None:
         """Before batch ``self.seen``: start the window, switch halves, open its record."""

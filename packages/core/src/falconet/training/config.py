@@ -120,7 +120,9 @@ class TrainConfig(BaseModel):
     profile: bool = Field(
         False, description="measure a window of steps and say why a step is slow (profiler)"
     )
-    profile_warmup: int = Field(5, ge=0, description="profile: batches run and discarded first")
+    profile_warmup: int = Field(
+        5, ge=0, description="profile: batches discarded after the first optimizer step"
+    )
     profile_steps: int = Field(
         20, ge=2, description="profile: batches measured (half unsynchronised, half synchronised)"
     )
