@@ -7,8 +7,8 @@
 #   <graph>-b<N>.txt   the report (`falconet profile run` stdout); .log: its stderr
 #   profiles.tgz       every profile.json, profile_summary.json, timeline.html and trial log
 #   traces.tgz         the Chrome traces of the pairs in $traces (they are tens of MB each)
-# Knobs (environment): graphs (default: eager, compile and cuda-graph where installed),
-# batches (default "4 16 64"), repeat (trials per pair, default 1), traces (default
+# Knobs (environment): graphs (default: eager, compile and cuda-graph where installed; an
+# entry may carry training keys after colons: compile:compile_mode=reduce-overhead), batches (default "4 16 64"), repeat (trials per pair, default 1), traces (default
 # "eager-b4 eager-b64"), pair_timeout (seconds per pair, default 420).
 set -uo pipefail
 source tools/device/install.sh
@@ -24,12 +24,15 @@ print(' '.join(g for g in ('eager', 'compile', 'cuda-graph') if g in names))")
 fi
 data=.data/coco128/coco128.yaml
 common=(imgsz=640 cache=ram workers=8 amp_dtype=bf16 deterministic=false)
-for graph in $graphs; do
+for entry in $graphs; do
+  IFS=: read -r -a parts <<< "$entry"
+  graph=${parts[0]} extra=("${parts[@]:1}")
   for batch in $batches; do
-    name=$graph-b$batch
+    name=${entry//[:=]/-}-b$batch
     SECONDS=0
-    timeout "${pair_timeout:-420}" falconet profile run "$data" --model yolo-n "${common[@]}" batch="$batch" \
-      graph="$graph" project=/tmp/profiles name="$name" --repeat "$repeat" \
+    timeout "${pair_timeout:-420}" falconet profile run "$data" --model yolo-n "${common[@]}" \
+      batch="$batch" graph="$graph" "${extra[@]}" project=/tmp/profiles name="$name" \
+      --repeat "$repeat" \
       > "$OUT/$name.txt" 2> "$OUT/$name.log"
     status=$?
     echo "== $name rc=$status seconds=$SECONDS" | tee -a "$OUT/index.txt"
