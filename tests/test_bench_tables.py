@@ -1,0 +1,53 @@
+"""tools/bench_train.py's tables: a falconet arm whose graph backend declined (whole-step in
+fp16, cuda-graph on the CPU) runs eager, and its row says so instead of passing for the
+backend it asked for (the first H200 run had such a row)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench_train():
+    path = Path(__file__).resolve().parents[1] / "tools" / "bench_train.py"
+    spec = importlib.util.spec_from_file_location("bench_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RESULTS = [
+    {"arm": "falconet", "batch": 16, "measure": "step", "step_ms": 31.1, "graph": "eager"},
+    {
+        "arm": "falconet:graph=cuda-graph",
+        "batch": 16,
+        "measure": "step",
+        "step_ms": 15.5,
+        "graph": "cuda-graph",
+    },
+    {
+        "arm": "falconet:graph=whole-step",
+        "batch": 16,
+        "measure": "step",
+        "step_ms": 30.2,
+        "graph": "eager",
+    },
+    {"arm": "ultralytics", "batch": 16, "measure": "e2e", "img_s": 163.0},
+]
+ARMS = ["falconet", "falconet:graph=cuda-graph", "falconet:graph=whole-step", "ultralytics"]
+
+
+def test_a_declined_backend_is_named_in_its_row(bench_train):
+    rows = bench_train.speed_table(RESULTS, ARMS, [16]).splitlines()[2:]
+    assert rows[0].startswith("| falconet | 16 | ")
+    assert rows[1].startswith("| falconet:graph=cuda-graph | 16 | ")
+    assert rows[2].startswith("| falconet:graph=whole-step (ran graph=eager) | 16 | - | - | 30.2 ")
+    assert rows[3].startswith("| ultralytics | 16 | 163 | 1.00x ")
+
+
+def test_results_without_the_graph_field_keep_their_label(bench_train):
+    old = [{k: v for k, v in r.items() if k != "graph"} for r in RESULTS]
+    assert bench_train.arm_label(old, "falconet:graph=whole-step") == "falconet:graph=whole-step"
