@@ -346,12 +346,17 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 
 # ------------------------------------------------------------------------ orchestration
+def parse_arm(arm: str) -> tuple[str, dict[str, str]]:
+    """``falconet:graph=cuda-graph:batch=8`` -> ``("falconet", {"graph": "cuda-graph", ...})``."""
+    name, *pairs = arm.split(":")
+    return name, dict(pair.split("=", 1) for pair in pairs if pair)
+
+
 def worker(args) -> None:
     """One measurement; ``--worker`` is an arm, optionally with falconet keys after colons
     (``falconet:optimizer=adamw:lr0=0.000119``)."""
     result = {"arm": args.worker, "batch": args.batch, "measure": args.measure}
-    name, *pairs = args.worker.split(":")
-    args.arm_keys = dict(pair.split("=", 1) for pair in pairs if pair)
+    name, args.arm_keys = parse_arm(args.worker)
     try:
         result.update(ARMS[name](args))
     except Exception as exc:  # one failed arm must not lose the others' numbers
@@ -452,8 +457,8 @@ def speed_table(results: list[dict], arms: list[str], batches: list[int]) -> str
 def arm_label(results: list[dict], arm: str) -> str:
     """The arm, and what ran where a graph backend declined: a falconet arm asking for
     ``graph=whole-step`` in fp16 runs eager, and its row must not pass for whole-step's."""
-    name, *pairs = arm.split(":")
-    wanted = dict(pair.split("=", 1) for pair in pairs if pair).get("graph", "eager")
+    name, keys = parse_arm(arm)
+    wanted = keys.get("graph", "eager")
     ran = sorted({r["graph"] for r in results if r["arm"] == arm and r.get("graph")} - {wanted})
     return f"{arm} (ran graph={', '.join(ran)})" if name == "falconet" and ran else arm
 

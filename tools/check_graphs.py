@@ -140,7 +140,7 @@ def paired(args, amp: str, tmp: Path) -> dict:
     }
     batches = fetch_batches(trainers["eager"], args.steps)
     runs = {name: train(trainer, batches) for name, trainer in trainers.items()}
-    whole = {}
+    whole = {"losses_eager": runs["eager"]["losses"].tolist()} if "whole" in trainers else {}
     for name in ("whole", "fused"):
         if name not in trainers:
             continue
@@ -153,7 +153,6 @@ def paired(args, amp: str, tmp: Path) -> dict:
             f"{name}_counts": dict(runner.counts) if runner else {},
             f"{name}_failed_with": runner.failed if runner else None,
             f"losses_{name}": runs[name]["losses"].tolist(),
-            "losses_eager": runs["eager"]["losses"].tolist(),
         }
     return {
         **whole,
