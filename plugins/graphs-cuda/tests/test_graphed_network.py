@@ -19,22 +19,25 @@ from torch.utils._pytree import tree_flatten
 
 from falconet.interfaces import DispatchContext
 from falconet_graphs_cuda.backend import CudaGraphDispatch
-from falconet_graphs_cuda.graphed import GraphedNetwork
+from falconet_graphs_cuda.graphed import GraphedNetwork, grad_buffer
 
 
 class BufferRecording:
     """A 'recording' whose replays run the network eagerly but read and write only static
     buffers, in place, as a CUDA graph replay does."""
 
-    def __init__(self, network: nn.Module, sample: torch.Tensor, params) -> None:
+    def __init__(self, network: nn.Module, sample: torch.Tensor, params, grad_strides) -> None:
         self.network, self.params = network, list(params)
         self.static_input = sample.clone()
         saved = [b.clone() for b in network.buffers()]
         flat, self.spec = tree_flatten(network(self.static_input))
         self.differentiable = [o.requires_grad for o in flat]
         self.outputs = [o.detach().clone() for o in flat]
-        self.grad_outputs = [torch.ones_like(o) for o in flat if o.requires_grad]
         wanted = [o for o in flat if o.requires_grad]
+        strides = grad_strides or [None] * len(wanted)
+        self.grad_outputs = [
+            grad_buffer(o, st).fill_(1) for o, st in zip(wanted, strides, strict=True)
+        ]
         used = torch.autograd.grad(wanted, self.params, self.grad_outputs, allow_unused=True)
         self.grads = [None if g is None else torch.zeros_like(g) for g in used]
         with torch.no_grad():  # like the CUDA recorder: recording leaves the statistics alone
@@ -63,13 +66,13 @@ class BufferRecorder:
         self.fail = fail
         self.recordings: list[BufferRecording] = []
 
-    def __call__(self, network, sample, params):
+    def __call__(self, network, sample, params, grad_strides=None):
         if self.fail:  # what a capture that meets a host sync raises, then ending it
             try:
                 raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
             finally:
                 raise RuntimeError("CUDA error: operation failed due to a previous error")
-        self.recordings.append(BufferRecording(network, sample, params))
+        self.recordings.append(BufferRecording(network, sample, params, grad_strides))
         return self.recordings[-1]
 
 
@@ -157,6 +160,59 @@ def test_gradient_accumulation_sums_the_microbatches() -> None:
     assert graphed.counts["replayed"] >= 2
     for a, b in zip(reference, got, strict=True):
         torch.testing.assert_close(a, b)
+
+
+class ChannelsLastHead(nn.Module):
+    """A channels-last output, as the YOLO head's: the loss reads it through a view and a
+    concatenation, so the gradient it sends back is a strided slice, not channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 1).to(memory_format=torch.channels_last)
+
+    def forward(self, x):
+        return [self.conv(x.contiguous(memory_format=torch.channels_last))]
+
+
+def sliced_loss(outputs) -> torch.Tensor:
+    (out,) = outputs
+    flat = torch.cat([out.flatten(2), torch.zeros_like(out.flatten(2))], 2)
+    return (flat**2).sum()
+
+
+def test_the_gradient_buffers_take_the_layout_the_loss_sent_back() -> None:
+    """The recording's output-gradient buffer has the strides the eager calls' gradients had
+    (on the GPU, another layout sums the conv bias gradient in another order)."""
+    torch.manual_seed(3)
+    recorder = BufferRecorder()
+    graphed = GraphedNetwork(ChannelsLastHead().train(), recorder)
+    seen = []
+    for i in range(4):
+        outputs = graphed(batch(i))
+        if i == 0:
+            outputs[0].register_hook(lambda g: seen.append(g.stride()))
+        sliced_loss(outputs).backward()
+    assert graphed.counts["recorded"] == 1 and graphed.counts["replayed"] == 2
+    (buffer,) = recorder.recordings[0].grad_outputs
+    assert buffer.stride() == seen[0]
+    assert buffer.stride() != outputs[0].stride()  # not the output's channels-last layout
+
+
+@pytest.mark.parametrize(
+    "shape, stride, expected",
+    [
+        ((2, 5, 4, 4), (160, 16, 4, 1), (160, 16, 4, 1)),  # a slice: gaps, no overlap
+        ((2, 5, 4, 4), (80, 1, 20, 5), (80, 1, 20, 5)),  # channels-last
+        ((2, 5, 4, 4), (0, 0, 0, 0), "output"),  # expanded from a scalar: overlaps
+        ((2, 5, 4, 4), (80, 16, 2, 1), "output"),  # rows overlap
+        ((2, 5, 4, 4), None, "output"),  # no eager gradient seen
+    ],
+)
+def test_grad_buffer_keeps_only_layouts_a_buffer_can_have(shape, stride, expected) -> None:
+    output = torch.empty(shape).to(memory_format=torch.channels_last)
+    buffer = grad_buffer(output, stride)
+    assert buffer.shape == output.shape
+    assert buffer.stride() == (output.stride() if expected == "output" else expected)
 
 
 class NoCopy(GraphedNetwork):

@@ -22,6 +22,14 @@ would become ``2 * g1``). Before each replay, :meth:`GraphedNetwork._unalias` gi
 ``param.grad`` that aliases a static buffer its own copy; without accumulation the optimizer
 has consumed and dropped the gradient before the next replay, so nothing is copied.
 
+A replay's output gradients are copied into static buffers too, and their layout is not
+neutral: the backward reduces over them (a convolution's bias gradient is a sum over batch
+and pixels), and on the GPU a sum over a channels-last buffer adds in another order than over
+the strided slice the loss hands back, which made fp32 replays differ from eager in the last
+bits of the head's bias gradients. So the eager calls before a key is recorded note the
+strides of the gradients the loss sends back (:meth:`GraphedNetwork._watch`), and the
+recorder lays its buffers out the same way (:func:`grad_buffer`).
+
 The recorder is injected (:mod:`falconet_graphs_cuda.recording` records CUDA graphs), which
 is what lets the CPU tests drive this logic with a recorder that has the same buffer
 semantics.
@@ -35,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 log = logging.getLogger("falconet.train")
 
@@ -44,8 +52,9 @@ class Recording(Protocol):
     """One captured forward and backward, with static buffers that replays read and write.
 
     ``forward()`` reads ``static_input`` and writes ``outputs`` (flat, in the order of
-    ``spec``); ``backward()`` reads ``grad_outputs`` (one per differentiable output) and
-    writes ``grads`` (one per parameter, ``None`` where a parameter is unused).
+    ``spec``); ``backward()`` reads ``grad_outputs`` (one per differentiable output, made by
+    :func:`grad_buffer`) and writes ``grads`` (one per parameter, ``None`` where a parameter
+    is unused).
     """
 
     static_input: torch.Tensor
@@ -60,8 +69,32 @@ class Recording(Protocol):
     def backward(self) -> None: ...
 
 
-Recorder = Callable[[nn.Module, torch.Tensor, Sequence[nn.Parameter]], Recording]
-"""``recorder(network, sample_input, params) -> Recording``; raises when it cannot record."""
+GradStrides = Sequence[tuple[int, ...] | None] | None
+"""Per differentiable output, the strides of the gradient the loss sent back (None: unseen)."""
+
+Recorder = Callable[[nn.Module, torch.Tensor, Sequence[nn.Parameter], GradStrides], Recording]
+"""``recorder(network, sample_input, params, grad_strides) -> Recording``; raises when it
+cannot record."""
+
+
+def grad_buffer(output: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """The static buffer that one output's gradient is copied into before a backward replay,
+    laid out as the loss's gradient was in the eager calls (``stride``), so the captured
+    backward reduces over it in eager's order; the output's own layout where the gradient's
+    is unknown or overlaps itself (an expanded gradient, stride 0, cannot be a buffer)."""
+    if stride is None or len(stride) != output.dim() or not _non_overlapping(output.shape, stride):
+        return torch.empty_like(output)
+    return torch.empty_strided(output.shape, stride, dtype=output.dtype, device=output.device)
+
+
+def _non_overlapping(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """No two indices of a tensor of this shape and stride share an element."""
+    reach = 0  # the largest offset the dimensions with smaller strides reach
+    for step, size in sorted((s, n) for n, s in zip(shape, stride, strict=True) if n > 1):
+        if step <= reach:
+            return False
+        reach += (size - 1) * step
+    return True
 
 
 class _Replay(torch.autograd.Function):
@@ -104,6 +137,7 @@ class GraphedNetwork:
         self.recordings: dict[tuple, Recording] = {}
         self.seen: dict[tuple, int] = {}
         self.failed: dict[tuple, str] = {}
+        self.grad_strides: dict[tuple, list[tuple[int, ...] | None]] = {}
         self.state: tuple | None = None
         self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "retired": 0, "failed": 0}
 
@@ -129,7 +163,8 @@ class GraphedNetwork:
         if recording is None:
             recording = self._maybe_record(key, images)
             if recording is None:
-                return self._eager(images)
+                outputs = self._eager(images)
+                return outputs if key in self.failed else self._watch(key, outputs)
         self._unalias(recording)
         self.counts["replayed"] += 1
         outputs = _Replay.apply(recording, images, *self.params)
@@ -139,6 +174,16 @@ class GraphedNetwork:
         self.counts["eager"] += 1
         return self.network(images)
 
+    def _watch(self, key: tuple, outputs: Any) -> Any:
+        """Note, when the backward reaches them, the strides of the gradients of ``outputs``
+        (an eager call of a key not yet recorded), for the recording's buffers."""
+        wanted = [o for o in tree_flatten(outputs)[0] if o.requires_grad]
+        strides: list[tuple[int, ...] | None] = [None] * len(wanted)
+        self.grad_strides[key] = strides
+        for i, out in enumerate(wanted):
+            out.register_hook(lambda grad, i=i: strides.__setitem__(i, tuple(grad.stride())))
+        return outputs
+
     def _maybe_record(self, key: tuple, images: torch.Tensor) -> Recording | None:
         if key in self.failed:
             return None
@@ -146,7 +191,7 @@ class GraphedNetwork:
         if seen < self.capture_after:
             return None
         try:
-            recording = self.recorder(self.network, images, self.params)
+            recording = self.recorder(self.network, images, self.params, self.grad_strides.get(key))
         except Exception as exc:  # a failed capture comes in many types; each is logged
             self.failed[key] = describe_failure(exc)
             self.counts["failed"] += 1

@@ -9,7 +9,8 @@ What a recording does, in order (the rules of docs/performance.md):
    statistics as one without. Gradients are computed with ``torch.autograd.grad``, so no
    ``param.grad`` is touched.
 2. **Capture** of the forward, then of the backward (``torch.autograd.grad`` of the
-   differentiable outputs with respect to the parameters, fed by static ``grad_outputs``),
+   differentiable outputs with respect to the parameters, fed by static ``grad_outputs``
+   laid out as the loss's gradients were, :func:`~falconet_graphs_cuda.graphed.grad_buffer`),
    both into ``pool``, one memory pool shared by every recording of the run. Sharing is safe
    because a training step replays one recording's forward and backward back to back, and
    each recording keeps its static buffers alive, so what one recording reuses of another's
@@ -39,6 +40,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
+
+from falconet_graphs_cuda.graphed import GradStrides, grad_buffer
 
 
 @dataclass
@@ -70,7 +73,11 @@ class CudaRecorder:
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(
-        self, network: nn.Module, sample: torch.Tensor, params: Sequence[nn.Parameter]
+        self,
+        network: nn.Module,
+        sample: torch.Tensor,
+        params: Sequence[nn.Parameter],
+        grad_strides: GradStrides = None,
     ) -> CudaRecording:
         device_type = sample.device.type
         autocast = torch.autocast(
@@ -115,7 +122,9 @@ class CudaRecorder:
                 flat, spec = tree_flatten(functional_call(network, leaves, (static_input,)))
             differentiable = [o.requires_grad for o in flat]
             wanted = [o for o in flat if o.requires_grad]
-            grad_outputs = [torch.empty_like(o) for o in wanted]
+            if grad_strides is None or len(grad_strides) != len(wanted):
+                grad_strides = [None] * len(wanted)
+            grad_outputs = [grad_buffer(o, s) for o, s in zip(wanted, grad_strides, strict=True)]
             backward_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(
                 backward_graph, pool=self.pool, capture_error_mode="thread_local"
