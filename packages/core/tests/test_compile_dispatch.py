@@ -1,5 +1,6 @@
-"""The ``compile`` graph backend: when it declines, what it does when compiling fails, and
-that a compiled network computes what the eager one does (CPU Inductor)."""
+"""The ``compile`` graph backend: when it declines, what it does when compiling fails, that a
+compiled network computes what the eager one does (CPU Inductor), and the gradient copy that
+gradient accumulation needs under CUDA graph trees."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.compile_dispatch import CompileDispatch
+from falconet.compile_dispatch import CompileDispatch, own_grads
 from falconet.interfaces import DispatchContext
 
 
@@ -66,3 +67,49 @@ def test_compiled_network_matches_eager_forward_and_backward():
     assert wrapped.failed is None
     torch.testing.assert_close(compiled_out, eager_out, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(net[0].weight.grad, eager_grad, rtol=1e-3, atol=1e-3)
+
+
+class StaticBackward(torch.autograd.Function):
+    """``x * w`` whose backward writes the weight's gradient into one buffer and returns it,
+    as a CUDA graph's replay does (a fresh tensor on that storage, so autograd takes it as
+    ``w.grad`` rather than copying it)."""
+
+    buffer: torch.Tensor
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        StaticBackward.buffer.copy_((grad * x).sum(0))
+        return None, StaticBackward.buffer.detach()
+
+
+@pytest.mark.parametrize("copy", [True, False], ids=["own_grads", "without"])
+def test_accumulated_gradients_survive_the_next_replay_only_with_own_grads(copy):
+    """Two microbatches into one ``w.grad`` from ``None``: g0 + g1; without the copy the
+    second replay overwrites the first's gradient and the sum is 2 x g1."""
+    w = torch.ones(3, requires_grad=True)
+    StaticBackward.buffer = torch.zeros(3)
+    x0, x1 = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[10.0, 20.0, 30.0]])
+    owned: set[int] = set()
+    for x in (x0, x1):
+        if copy:
+            owned = own_grads([w], owned)
+        StaticBackward.apply(x, w).sum().backward()
+    expected = x0[0] + x1[0] if copy else 2 * x1[0]
+    assert torch.equal(w.grad, expected)
+
+
+def test_own_grads_copies_a_gradient_once_per_accumulation():
+    w = torch.ones(3, requires_grad=True)
+    w.grad = stolen = torch.zeros(3)
+    owned = own_grads([w], set())
+    assert w.grad is not stolen and owned == {w.grad.data_ptr()}
+    copy = w.grad
+    assert own_grads([w], owned) == owned and w.grad is copy  # accumulated in place: kept
+    w.grad = None  # zero_grad(set_to_none=True)
+    assert own_grads([w], owned) == set()

@@ -2,7 +2,15 @@
 
 ``compile_mode`` picks the mode: ``default`` (Inductor kernels), ``reduce-overhead`` (Inductor
 plus CUDA graph trees; the wrapper marks each call as a new step, as the trees require) or
-``max-autotune-no-cudagraphs`` (autotuned kernels, slow to start). Compilation happens at the
+``max-autotune-no-cudagraphs`` (autotuned kernels, slow to start).
+
+With CUDA graph trees, a parameter's gradient after the first microbatch of an optimizer step
+is the backward graph's output itself (autograd takes it as ``param.grad``), and the next
+microbatch's replay writes over it before adding to it: with gradient accumulation the run
+stopped with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
+run" (PyTorch issue #169545). So before each call the wrapper gives such gradients their own
+storage (:func:`own_grads`); without accumulation the optimizer has dropped them by then and
+nothing is copied. Compilation happens at the
 first call; if it fails, the error is logged with what failed and the run continues eager
 (the failure surfaces before any weight changed, so falling back is safe). An error later, in
 the compiled backward, is not caught: it stops the run with its traceback.
@@ -12,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from falconet.interfaces import DispatchContext
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 log = logging.getLogger("falconet.train")
@@ -60,6 +69,7 @@ class CompiledNetwork:
         self.mark_step = mode == "reduce-overhead"
         self.failed: BaseException | None = None
         self._first = True
+        self._owned: set[int] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -67,6 +77,7 @@ class CompiledNetwork:
         if self.failed is not None:
             return self.network(*args, **kwargs)
         if self.mark_step:
+            self._owned = own_grads(self.network.parameters(), self._owned)
             torch.compiler.cudagraph_mark_step_begin()
         if not self._first:
             return self.compiled(*args, **kwargs)
@@ -84,3 +95,21 @@ class CompiledNetwork:
             return self.network(*args, **kwargs)
         self._first = False
         return out
+
+
+def own_grads(params: Iterable[torch.Tensor], owned: set[int]) -> set[int]:
+    """Copy each ``param.grad`` whose storage is not in ``owned`` (the gradients this function
+    made or kept on its last call) into storage of its own; returns the new ``owned``.
+
+    A gradient not seen before is one autograd took from a backward's output as it was (the
+    first microbatch after ``zero_grad``), which the next replay overwrites; one seen before
+    is the copy, accumulated into in place."""
+    kept = set()
+    for param in params:
+        grad = param.grad
+        if grad is None:
+            continue
+        if grad.data_ptr() not in owned:
+            param.grad = grad = grad.clone()
+        kept.add(grad.data_ptr())
+    return kept
