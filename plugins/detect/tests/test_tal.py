@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from falconet_detect.assigners.tal import TaskAlignedAssigner
+from falconet_detect.assigners.tal import EPS, TaskAlignedAssigner, centres_inside
 
 
 def grid(n: int = 8, stride: float = 8.0) -> torch.Tensor:
@@ -85,3 +85,26 @@ def test_shapes_depend_only_on_batch_anchors_classes_and_slots():
     )
     assert out.labels.shape == (3, 64) and out.boxes.shape == (3, 64, 4)
     assert out.scores.shape == (3, 64, 5) and out.foreground.shape == (3, 64)
+
+
+def test_centres_inside_equals_the_minimum_of_the_four_distances():
+    """The and-ed comparisons give exactly the stacked-distances-and-``amin`` answer, on
+    centres on the edges, a hair inside, outside, and boxes with NaN or inverted corners."""
+    gen = torch.Generator().manual_seed(0)
+    anchors = torch.rand(300, 2, generator=gen) * 64
+    anchors[:4] = torch.tensor([[10.0, 10.0], [10.0 + 2e-9, 20.0], [30.0, 30.0], [0.0, 64.0]])
+    boxes = torch.rand(3, 5, 4, generator=gen) * 64
+    boxes[..., 2:] += boxes[..., :2]
+    boxes[0, 0] = torch.tensor([10.0, 10.0, 30.0, 30.0])  # centres exactly on its edges
+    boxes[0, 1] = torch.tensor([30.0, 30.0, 10.0, 10.0])  # inverted
+    boxes[1, 0, 2] = float("nan")
+    stacked = torch.cat(
+        (anchors[None, None] - boxes[:, :, None, :2], boxes[:, :, None, 2:] - anchors[None, None]),
+        -1,
+    )
+    expected = stacked.amin(-1) > EPS
+    got = centres_inside(anchors, boxes)
+    assert got.shape == (3, 5, 300) and got.dtype == torch.bool
+    assert torch.equal(got, expected)
+    assert expected.any() and not expected.all()
+    assert not got[0, 0, 0] and not got[1, 0].any()  # on an edge: out; NaN corner: out

@@ -44,14 +44,7 @@ class TaskAlignedAssigner:
         batch, anchors, classes = pred_scores.shape
         slots = gt_boxes.shape[1]
         real = (torch.arange(slots, device=gt_boxes.device)[None] < gt_counts[:, None]).float()
-        corners = torch.cat(
-            (
-                anchor_points[None, None] - gt_boxes[:, :, None, :2],
-                gt_boxes[:, :, None, 2:] - anchor_points[None, None],
-            ),
-            -1,
-        )
-        inside = (corners.amin(-1) > EPS).float() * real[..., None]  # [B, M, A]
+        inside = centres_inside(anchor_points, gt_boxes).float() * real[..., None]  # [B, M, A]
         scores = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
         ious = pairwise_iou(gt_boxes, pred_boxes) * inside  # [B, M, A]
         align = scores.transpose(1, 2).pow(self.alpha) * ious.pow(self.beta) * inside
@@ -67,3 +60,16 @@ class TaskAlignedAssigner:
         return assignment(
             chosen.argmax(1), foreground, strength, gt_boxes, gt_labels, classes, pred_scores.dtype
         )
+
+
+def centres_inside(anchor_points: torch.Tensor, gt_boxes: torch.Tensor) -> torch.Tensor:
+    """``[B, M, A]``: whether each anchor centre (``[A, 2]``) lies more than ``EPS`` inside
+    each box (``[B, M, 4]``, xyxy).
+
+    Four ``[B, M, A]`` comparisons and-ed, rather than the four distances stacked into a
+    ``[B, M, A, 4]`` tensor and reduced with ``amin``: the same distances and the same
+    answer (the minimum exceeds ``EPS`` exactly when all four do, a NaN in neither), without
+    writing and reading the stacked tensor, which on the GPU was the loss's largest copy."""
+    x, y = anchor_points[:, 0], anchor_points[:, 1]
+    x1, y1, x2, y2 = (gt_boxes[..., i, None] for i in range(4))
+    return (x - x1 > EPS) & (y - y1 > EPS) & (x2 - x > EPS) & (y2 - y > EPS)
