@@ -8,13 +8,17 @@
 #          whole-step and whole-step with fuse=inductor, then the overfit check of the latter.
 # The overfit check trains on COCO128 and validates on it (300 epochs, batch 16). Writes
 # $OUT/e2e.json, $OUT/overfit-*.json, $OUT/profiles.tgz and $OUT/logs.tgz.
+# Knobs (environment): profile_graphs, profile_batches, pair_timeout, overfit_epochs,
+# overfit_seed (default 0; another seed measures the check's spread), e2e_arms, e2e_timeout
+# (seconds per arm, default 150; fuse=inductor compiles first and needs about 300) and
+# e2e_total (seconds for all arms, default 300).
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl
 mkdir -p /tmp/logs /tmp/prof
 epochs=${overfit_epochs:-300}
 overfit() {  # arm, gpu
-  timeout 260 python tools/bench_train.py --data .data/coco128 --arms "$1" --amp bf16 \
+  timeout 260 python tools/bench_train.py --data .data/coco128 --arms "$1:seed=${overfit_seed:-0}" --amp bf16 \
     --measures overfit --overfit-epochs "$epochs" --overfit-batch 16 --gpus "$2" \
     --timeout 250 --out "$OUT/overfit-$2.json" > "/tmp/logs/overfit-$2.out" 2>&1
 }
@@ -24,9 +28,9 @@ overfit() {  # arm, gpu
   tar czf "$OUT/profiles.tgz" -C /tmp prof
   overfit falconet 0
 ) &
-timeout 300 python tools/bench_train.py --data .data/coco128 --amp bf16 --batch 16 \
-  --arms falconet,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor \
-  --repeats 1 --epochs 4 --repeat-data 4 --measures e2e --gpus 1 --timeout 150 \
+timeout "${e2e_total:-300}" python tools/bench_train.py --data .data/coco128 --amp bf16 --batch 16 \
+  --arms "${e2e_arms:-falconet,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor}" \
+  --repeats 1 --epochs 4 --repeat-data 4 --measures e2e --gpus 1 --timeout "${e2e_timeout:-150}" \
   --out "$OUT/e2e.json" > /tmp/logs/e2e.out 2> /tmp/logs/e2e.err
 overfit falconet:graph=whole-step:fuse=inductor 1
 wait
