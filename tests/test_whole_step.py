@@ -9,6 +9,7 @@ the GPU machine.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 
@@ -163,6 +164,7 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
             cfg=cfg,
             ema=ModelEMA(net, 0.9999, 2000),
             device=torch.device("cpu"),
+            scaler=None,
         )
         return trainer
 
@@ -283,7 +285,8 @@ def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
     ("precision", "options", "static", "reason"),
     [
         ("bf16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
-        ("fp16", {"optimizer": "sgd", "momentum": 0.9}, True, "scaler"),
+        ("fp16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
+        ("fp16", {"optimizer": "adamw", "momentum": 0.9}, True, "step count"),
         ("bf16", {"optimizer": "adamw", "momentum": 0.9}, True, None),
         ("fp32", {"optimizer": "lion", "momentum": 0.9}, True, "only sgd and adamw"),
         ("bf16", {"optimizer": "sgd", "momentum": 0.0}, True, "momentum"),
@@ -337,3 +340,52 @@ def test_fuse_without_whole_step_is_ignored_with_a_warning(
     assert trainer.step_runner is None
     assert "fuse=inductor applies inside graph=whole-step's captured step" in caplog.text
     assert "graph=eager, so it is ignored" in caplog.text
+
+
+def test_the_static_step_with_a_gradient_scaler_matches_the_eager_scaler(
+    keys, installed_falconet_plugins
+):
+    """fp16's gradient scaler on the device (float32 on the CPU here): the loss scaled, the
+    gradients unscaled, an overflowed update undone and the scale backed off, the scale grown
+    after clean steps, as ``GradScaler`` does on the host. The scale starts high and grows
+    fast, so that replayed updates both overflow and go through."""
+    plugins = installed_falconet_plugins
+
+    def scaled(recorder=None) -> Trainer:
+        trainer = Trainer(plan_run(keys, plugins), plugins)
+        trainer.scaler = torch.amp.GradScaler(
+            "cpu",
+            init_scale=2.0**110,
+            growth_factor=2.0**8,
+            backoff_factor=2.0**-8,
+            growth_interval=1,
+        )
+        if recorder is not None:
+            trainer.step_runner = WholeStepRunner(trainer, recorder)
+        return trainer
+
+    def run(trainer, data):
+        losses, scales = [], []
+        for i, batch in enumerate(data):
+            images = batch["images"].float().div_(255)
+            targets = {k: batch[k] for k in TARGET_KEYS}
+            update = (i + 1) % trainer.accumulate == 0
+            loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
+            losses.append(float(loss.detach()))
+            if update:
+                scales.append(trainer.scaler.get_scale())
+        return losses, scales
+
+    eager = scaled()
+    whole = scaled(EagerStepRecorder())
+    data = batches(eager, 16)
+    reference, reference_scales = run(eager, data)
+    got, scales = run(whole, data)
+    counts = whole.step_runner.counts
+    assert counts["recorded"] >= 1 and counts["replayed"] >= 6 and counts["failed"] == 0
+    assert scales == reference_scales
+    replayed_updates = scales[-counts["replayed"] // whole.accumulate :]
+    steps = list(itertools.pairwise(replayed_updates))
+    assert any(b < a for a, b in steps) and any(b > a for a, b in steps)  # skipped and taken
+    assert got == reference
+    assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))

@@ -6,7 +6,7 @@
 For each precision, the trainers start from the same state (same seed, same initial
 weights) and train on the same batches (fetched once, kept on the host): eager, eager again
 (the baseline: how far two eager runs already differ), cuda-graph twice (is a replay
-deterministic run to run) and, except in fp16, whole-step (and with ``--fuse PRECISIONS``
+deterministic run to run) and whole-step (and with ``--fuse PRECISIONS``
 whole-step with ``fuse=inductor``). ``--strict`` turns on ``torch.use_deterministic_algorithms``
 (warning where an op has no deterministic kernel). Batch 16 with
 ``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-accumulation copy is on
@@ -130,10 +130,9 @@ def paired(args, amp: str, tmp: Path) -> dict:
     )
     arms = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
     arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
-    if amp != "fp16":  # whole-step declines fp16 (its scaler checks for overflow on the host)
-        arms.append(("whole", "whole-step", {}))
-        if amp in args.fuse.split(","):
-            arms.append(("fused", "whole-step", {"fuse": "inductor"}))
+    arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
+    if amp in args.fuse.split(","):
+        arms.append(("fused", "whole-step", {"fuse": "inductor"}))
     trainers = {
         name: build({**keys, **extra, "graph": graph, "optimizer": "sgd", "name": f"{amp}-{name}"})
         for name, graph, extra in arms

@@ -61,11 +61,14 @@ class WholeStepDispatch:
                 f"the model family declares no static-shaped loss with "
                 f"assigner={options.get('assigner')}"
             )
-        if context.precision == "fp16":
-            return "fp16's gradient scaler reads its overflow check on the host every step"
         optimizer = options.get("optimizer", "sgd")
         if optimizer not in ("sgd", "adamw"):
             return f"optimizer={optimizer}: only sgd and adamw are captured"
+        if context.precision == "fp16" and optimizer == "adamw":
+            return (
+                "fp16 with adamw: a step the gradient scaler skips must not advance AdamW's "
+                "step count, which lives on the host (use sgd, or bf16)"
+            )
         if optimizer == "sgd" and not options.get("momentum", 0.0):
             return "SGD without momentum is not captured (the update reads momentum buffers)"
         return None

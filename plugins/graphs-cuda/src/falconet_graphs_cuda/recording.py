@@ -214,7 +214,7 @@ class CudaStepRecorder:
         trainer = step.trainer
         device = trainer.device
         tensors = list(step.params) + list(step.grads)
-        tensors += step.state_tensors()
+        tensors += step.state_tensors() + step.scaler_tensors()
         floats, others = step.ema_tensors()
         tensors += floats[0] + others[0]
         saved = [t.detach().clone() for t in tensors]

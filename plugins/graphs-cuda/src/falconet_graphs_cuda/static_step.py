@@ -16,6 +16,14 @@ to the parameter's shape, which rounds once too); AdamW's multiplies its step si
 tensor where torch fuses it in as a Python number, so it agrees to rounding, not bit for bit.
 A replay agrees with this module run eagerly bit for bit.
 
+With fp16's gradient scaler (SGD only), the scaler's work moves to the device as well: the
+loss is scaled with the scaler's own ``scale``, the update unscales the gradients and finds
+overflows with the kernel ``GradScaler.unscale_`` uses, keeps a copy of the weights and
+momentum buffers, steps, and puts the copy back where an overflow was found (``torch.where``:
+eager skips ``optimizer.step()`` after reading the flag on the host, which a graph cannot),
+then updates the scale with the kernel ``GradScaler.update`` uses. AdamW is not offered with
+the scaler: a skipped step must not advance its step count, which the host keeps.
+
 Run eagerly on the CPU, these functions are what the CPU tests compare with the trainer's own
 step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
 """
@@ -80,6 +88,13 @@ class StaticStep:
             if group["params"]
         ]
         self.ema_weight = torch.zeros((), **scalar)
+        scaler = trainer.scaler
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        if self.scaler is not None and self.adamw:
+            raise TypeError("no static AdamW update with a gradient scaler (see the docstring)")
+        # GradScaler.unscale_'s overflow flag, and the copies an overflowed step restores
+        self.found_inf = torch.zeros((), device=trainer.device, dtype=torch.float32)
+        self.kept: list[torch.Tensor] = []
         # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         self.forward = self._eager_forward
@@ -157,9 +172,10 @@ class StaticStep:
         with trainer.precision.autocast(trainer.device):
             outputs = self.forward(leaves, images)
         loss, parts = trainer.loss_fn(outputs, targets)
-        grads = torch.autograd.grad(
-            loss * trainer.cfg.batch, list(leaves.values()), allow_unused=True
-        )
+        scaled = loss * trainer.cfg.batch
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        grads = torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True)
         if accumulate:
             used = [(s, g) for s, g in zip(self.grads, grads, strict=True) if g is not None]
             torch._foreach_add_([s for s, _ in used], [g for _, g in used])
@@ -167,20 +183,59 @@ class StaticStep:
 
     @torch.no_grad()
     def update(self) -> None:
-        """Clip, SGD step, EMA update, zero the gradients: the trainer's optimizer phase."""
+        """Clip, SGD step, EMA update, zero the gradients: the trainer's optimizer phase
+        (with the scaler: unscale first, undo an overflowed step, update the scale)."""
         trainer = self.trainer
+        if self.scaler is not None:
+            self._unscale()
         if trainer.cfg.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(self.params, trainer.cfg.clip_grad, foreach=True)
+        stepped = self.params + self.state_tensors()
+        if self.scaler is not None:
+            if not self.kept:
+                self.kept = [torch.empty_like(t) for t in stepped]
+            torch._foreach_copy_(self.kept, stepped)
         update = self._adamw if self.adamw else self._sgd
         for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
             params = [self.params[i] for i in group.indices]
             update(group, source, params, [self.grads[i] for i in group.indices])
+        if self.scaler is not None:
+            overflowed = self.found_inf > 0
+            for tensor, kept in zip(stepped, self.kept, strict=True):
+                torch.where(overflowed, kept, tensor, out=tensor)
+            self._update_scale()
         floats, others = self.ema_tensors()
         if floats[0]:
             torch._foreach_lerp_(*floats, [self.ema_weight] * len(floats[0]))
         if others[0]:
             torch._foreach_copy_(*others)
         torch._foreach_zero_(self.grads)
+
+    def _unscale(self) -> None:
+        """``GradScaler.unscale_``: the gradients times ``1 / scale``, and ``found_inf`` set
+        where one is not finite (the same kernel and the same reciprocal)."""
+        self.found_inf.zero_()
+        inv_scale = self.scaler._scale.double().reciprocal().float()
+        torch._amp_foreach_non_finite_check_and_unscale_(self.grads, self.found_inf, inv_scale)
+
+    def _update_scale(self) -> None:
+        """``GradScaler.update``: back off after an overflow, grow after enough steps without."""
+        s = self.scaler
+        torch._amp_update_scale_(
+            s._scale,
+            s._growth_tracker,
+            self.found_inf,
+            s._growth_factor,
+            s._backoff_factor,
+            s._growth_interval,
+        )
+
+    def scaler_tensors(self) -> list[torch.Tensor]:
+        """The scaler's device state the update writes (for a recorder to save and restore
+        around its warm-up); empty without a scaler."""
+        if self.scaler is None:
+            return []
+        return [self.scaler._scale, self.scaler._growth_tracker]
 
     def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
         """``torch.optim.SGD``: weight decay, momentum (Nesterov or not), step.

@@ -183,7 +183,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     "graph",
                     "whole-step",
                     "replay the loss, optimizer and EMA from graphs as well (a static-shaped "
-                    "loss such as yolo with assigner=tal; bf16 or fp32)",
+                    "loss such as yolo with assigner=tal; fp16 with sgd only)",
                     needs,
                 )
             )
