@@ -2,7 +2,10 @@
 
 ``compile_mode`` picks the mode: ``default`` (Inductor kernels), ``reduce-overhead`` (Inductor
 plus CUDA graph trees; the wrapper marks each call as a new step, as the trees require) or
-``max-autotune-no-cudagraphs`` (autotuned kernels, slow to start).
+``max-autotune-no-cudagraphs`` (autotuned kernels, slow to start). Compilation happens at the
+first call; if it fails, the error is logged with what failed and the run continues eager
+(the failure surfaces before any weight changed, so falling back is safe). An error later, in
+the compiled backward, is not caught: it stops the run with its traceback.
 
 With CUDA graph trees, a parameter's gradient after the first microbatch of an optimizer step
 is the backward graph's output itself (autograd takes it as ``param.grad``), and the next
@@ -10,10 +13,7 @@ microbatch's replay writes over it before adding to it: with gradient accumulati
 stopped with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
 run" (PyTorch issue #169545). So before each call the wrapper gives such gradients their own
 storage (:func:`own_grads`); without accumulation the optimizer has dropped them by then and
-nothing is copied. Compilation happens at the
-first call; if it fails, the error is logged with what failed and the run continues eager
-(the failure surfaces before any weight changed, so falling back is safe). An error later, in
-the compiled backward, is not caught: it stops the run with its traceback.
+nothing is copied.
 """
 
 from __future__ import annotations
