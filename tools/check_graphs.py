@@ -111,8 +111,9 @@ def compare(a, b, run_a: dict, run_b: dict) -> dict:
     }
 
 
-def paired(args, amp: str, tmp: Path) -> dict:
-    keys = dict(
+def paired_keys(args, amp: str, tmp: Path) -> dict:
+    """The training keys every arm of a paired run shares (SGD, deterministic, one state)."""
+    return dict(
         data=args.data,
         imgsz=args.imgsz,
         batch=args.batch,
@@ -125,16 +126,21 @@ def paired(args, amp: str, tmp: Path) -> dict:
         deterministic=True,
         close_mosaic=0,
         epochs=1,
+        optimizer="sgd",
         project=str(tmp),
         exist_ok=True,
     )
+
+
+def paired(args, amp: str, tmp: Path) -> dict:
+    keys = paired_keys(args, amp, tmp)
     arms = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
     arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
     arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(","):
         arms.append(("fused", "whole-step", {"fuse": "inductor"}))
     trainers = {
-        name: build({**keys, **extra, "graph": graph, "optimizer": "sgd", "name": f"{amp}-{name}"})
+        name: build({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
         for name, graph, extra in arms
     }
     batches = fetch_batches(trainers["eager"], args.steps)

@@ -35,27 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from check_graphs import build, fetch_batches
-
-
-def keys_for(args, amp: str, tmp: Path) -> dict:
-    return dict(
-        data=args.data,
-        imgsz=args.imgsz,
-        batch=args.batch,
-        nbs=args.batch * 4,
-        workers=2,
-        cache="ram",
-        amp_dtype=amp,
-        val=False,
-        plots=False,
-        deterministic=True,
-        close_mosaic=0,
-        epochs=1,
-        optimizer="sgd",
-        project=str(tmp),
-        exist_ok=True,
-    )
+from check_graphs import build, fetch_batches, paired_keys
 
 
 def differing(a: dict, b: dict, limit: int = 8) -> list[dict]:
@@ -101,7 +81,7 @@ def after_update(trainer) -> dict:
 def trace(args, amp: str, tmp: Path) -> dict:
     from falconet.training.trainer import TARGET_KEYS
 
-    keys = keys_for(args, amp, tmp)
+    keys = paired_keys(args, amp, tmp)
     arms = {g: build({**keys, "graph": g, "name": f"{amp}-{g}"}) for g in ("eager", "cuda-graph")}
     batches = fetch_batches(arms["eager"], args.steps)
     events: list[dict] = []
@@ -145,7 +125,7 @@ def one_batch(args, amp: str, tmp: Path) -> dict:
 
     from falconet_graphs_cuda.recording import CudaRecorder
 
-    trainer = build({**keys_for(args, amp, tmp), "graph": "eager", "name": f"{amp}-one"})
+    trainer = build({**paired_keys(args, amp, tmp), "graph": "eager", "name": f"{amp}-one"})
     batch = fetch_batches(trainer, 1)[0]
     images = batch["images"].to(trainer.device).float().div_(255)
     network = trainer.network
