@@ -314,12 +314,19 @@ def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
     not any(map(shutil.which, ("c++", "g++", "clang++"))),
     reason="Inductor needs a C++ compiler on the CPU and none is on PATH",
 )
-def test_fuse_inductor_compiles_the_network_inside_the_step(keys, installed_falconet_plugins):
-    """``fuse=inductor``: the static step's forward is Inductor's kernels, not the eager
-    network's, and training follows the eager step to rounding."""
+@pytest.mark.parametrize(
+    ("fuse", "network", "loss"),
+    [("inductor", 1, 0), ("inductor-loss", 0, 1), ("inductor-all", 1, 1)],
+)
+def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
+    keys, installed_falconet_plugins, fuse, network, loss
+):
+    """``fuse=inductor`` compiles the static step's forward, ``inductor-loss`` the loss with
+    its assigner, ``inductor-all`` both: Inductor's kernels, not the eager ones, and training
+    follows the eager step to rounding."""
     plugins = installed_falconet_plugins
     eager = trainer_for(keys, plugins)
-    fused = trainer_for({**keys, "fuse": "inductor"}, plugins, EagerStepRecorder())
+    fused = trainer_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
     data = batches(eager, 8)
     reference = train(eager, data)
     torch._dynamo.reset()
@@ -327,7 +334,9 @@ def test_fuse_inductor_compiles_the_network_inside_the_step(keys, installed_falc
     counters.clear()
     got = train(fused, data)
     assert fused.step_runner.counts["replayed"] >= 2
-    assert counters["stats"]["unique_graphs"] >= 1  # Dynamo compiled the forward
+    # Dynamo compiled what was asked: the network once, the loss once per target bucket
+    buckets = sum(len(recorded) for recorded in fused.step_runner.micros.values())
+    assert counters["stats"]["unique_graphs"] == network + loss * buckets
     assert not counters["graph_break"]  # in one piece: no eager op between Inductor kernels
     torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
 

@@ -3,16 +3,16 @@
     python tools/check_graphs.py --data .data/coco128/coco128.yaml --amp fp32,fp16,bf16 \\
         --steps 24 --out graphs-check.json
 
-For each precision, the trainers start from the same state (same seed, same initial
-weights) and train on the same batches (fetched once, kept on the host): eager, eager again
-(the baseline: how far two eager runs already differ), cuda-graph twice (is a replay
-deterministic run to run) and whole-step (and with ``--fuse PRECISIONS``
-whole-step with ``fuse=inductor``). ``--strict`` turns on ``torch.use_deterministic_algorithms``
-(warning where an op has no deterministic kernel). Batch 16 with
-``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-accumulation copy is on
-the path. Compared after every step's loss and at the end: weights, EMA weights, optimizer
-state (bit-equal counts and the largest difference). Peak allocated and reserved memory of
-each run are reported as the growth over what was held before it.
+For each precision, the trainers start from the same state (same seed, same initial weights)
+and train on the same batches (fetched once, kept on the host): eager, eager again (the
+baseline: how far two eager runs already differ), cuda-graph twice (is a replay
+deterministic run to run) and whole-step (and with ``--fuse PRECISIONS`` whole-step with
+``fuse=inductor``, or another ``--fuse-mode``). ``--strict`` turns on
+``torch.use_deterministic_algorithms`` (warning where an op has no deterministic kernel).
+Batch 16 with ``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-
+accumulation copy is on the path. Compared after every step's loss and at the end: weights,
+EMA weights, optimizer state (bit-equal counts and the largest difference). Peak allocated
+and reserved memory of each run are reported as the growth over what was held before it.
 
 Then the failure path: a module with a host sync in its forward (``.item()``) cannot be
 captured; after the failed capture the same process keeps training it eagerly, and its
@@ -138,7 +138,7 @@ def paired(args, amp: str, tmp: Path) -> dict:
     arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
     arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(","):
-        arms.append(("fused", "whole-step", {"fuse": "inductor"}))
+        arms.append(("fused", "whole-step", {"fuse": args.fuse_mode}))
     trainers = {
         name: build({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
         for name, graph, extra in arms
@@ -291,7 +291,13 @@ def main() -> None:
         "--full-runs", default="", help="graph backends to also train 3 epochs with: eager,..."
     )
     parser.add_argument(
-        "--fuse", default="", help="precisions to also run whole-step with fuse=inductor in"
+        "--fuse", default="", help="precisions to also run whole-step with --fuse-mode in"
+    )
+    parser.add_argument(
+        "--fuse-mode",
+        default="inductor",
+        choices=("inductor", "inductor-loss", "inductor-all"),
+        help="the fused arm's fuse key",
     )
     parser.add_argument(
         "--strict",

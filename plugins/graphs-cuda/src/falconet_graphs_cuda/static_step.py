@@ -97,11 +97,17 @@ class StaticStep:
         self.kept: list[torch.Tensor] = []
         # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
+        # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
+        # recorder captures the compiled kernels with everything else)
+        fuse = trainer.cfg.fuse
         self.forward = self._eager_forward
-        if trainer.cfg.fuse == "inductor":
-            # default mode: Inductor's fused kernels, no CUDA graphs of its own (the step's
-            # recorder captures the compiled kernels with everything else)
+        if fuse in ("inductor", "inductor-all"):
             self.forward = torch.compile(self._eager_forward, dynamic=False)
+        self.loss_fn = trainer.loss_fn
+        if fuse in ("inductor-loss", "inductor-all"):
+            # the assigner's [B, M, A] and the loss's [B, A, C] elementwise chains, each a
+            # full pass over memory per op when eager
+            self.loss_fn = torch.compile(trainer.loss_fn, dynamic=False)
 
     def _eager_forward(self, leaves: dict[str, torch.Tensor], images: torch.Tensor) -> Any:
         return functional_call(self.network, leaves, (images,))
@@ -171,7 +177,7 @@ class StaticStep:
         leaves = {n: p.detach().requires_grad_() for n, p in pairs}
         with trainer.precision.autocast(trainer.device):
             outputs = self.forward(leaves, images)
-        loss, parts = trainer.loss_fn(outputs, targets)
+        loss, parts = self.loss_fn(outputs, targets)
         scaled = loss * trainer.cfg.batch
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)

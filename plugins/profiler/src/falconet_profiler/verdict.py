@@ -209,7 +209,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
             if low and c.graph == "eager":
                 why = f"only {share:.0%} of kernel time is on Tensor Cores; fuse the rest"
                 out.append(_lever("graph", "compile", why))
-            if c.graph == "whole-step" and c.fuse != "inductor":
+            if c.graph == "whole-step" and c.fuse == "none":
                 why = (
                     "compile the network with Inductor inside the captured step: BatchNorm, "
                     "SiLU and copies fused (not bit for bit; a compilation at the start)"

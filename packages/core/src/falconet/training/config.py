@@ -50,10 +50,11 @@ class TrainConfig(BaseModel):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode for graph=compile"
     )
-    fuse: Literal["none", "inductor"] = Field(
+    fuse: Literal["none", "inductor", "inductor-loss", "inductor-all"] = Field(
         "none",
-        description="graph=whole-step: inductor compiles the network before capture, fusing "
-        "BatchNorm, SiLU and copies into fewer kernels (slower to start)",
+        description="graph=whole-step: Inductor compiles, before capture, the network "
+        "(inductor: BatchNorm, SiLU and copies fused), the loss with its assigner "
+        "(inductor-loss) or both (inductor-all); not bit for bit, slower to start",
     )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
