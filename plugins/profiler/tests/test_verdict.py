@@ -72,7 +72,7 @@ def test_compute():
     low_tensor_cores = decide(evidence(tensor_core_share=0.2), GPU)
     assert sets(low_tensor_cores) == ["graph=compile"]
     whole_step = Context(device="cuda", graph="whole-step")
-    assert sets(decide(evidence(), whole_step)) == ["fuse=inductor"]
+    assert sets(decide(evidence(), whole_step)) == ["fuse=inductor-all"]
     fused = Context(device="cuda", graph="whole-step", fuse="inductor")
     assert sets(decide(evidence(), fused)) == []
 

@@ -54,7 +54,8 @@ class TrainConfig(BaseModel):
         "none",
         description="graph=whole-step: Inductor compiles, before capture, the network "
         "(inductor: BatchNorm, SiLU and copies fused), the loss with its assigner "
-        "(inductor-loss) or both (inductor-all); not bit for bit, slower to start",
+        "(inductor-loss) or both (inductor-all); faster, but not bit for bit, slower to start "
+        "and lower mAP on the overfit check (docs/performance.md)",
     )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
