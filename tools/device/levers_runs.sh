@@ -19,12 +19,12 @@
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
-mkdir -p /tmp/logs
+rm -rf /tmp/logs && mkdir -p /tmp/logs  # a warm machine keeps the last call's
 ws=falconet:graph=whole-step
 step() {  # job, gpu, amp, batch, arms, seconds
   timeout "$6" python tools/bench_train.py --data .data/coco128 --arms "$5" --amp "$3" \
     --batch "$4" --repeats 1 --measures step --gpus "$2" --timeout "$6" \
-    --out "$OUT/$1.json" > "/tmp/logs/$1.out" 2> "/tmp/logs/$1.err"
+    --out "$OUT/$1.json" > "/tmp/logs/$1-gpu$2.out" 2> "/tmp/logs/$1-gpu$2.err"
 }
 job() {  # name, gpu
   case $1 in
@@ -32,10 +32,10 @@ job() {  # name, gpu
       CUDA_VISIBLE_DEVICES=$2 timeout "${check_timeout:-280}" python tools/check_graphs.py \
         --data .data/coco128/coco128.yaml --amp "${check_amp:-fp32,fp16,bf16}" \
         --fuse "${check_fuse-bf16}" --fuse-mode "${fuse_mode:-inductor-all}" --strict \
-        --steps "${check_steps:-24}" --out "$OUT/check.json" > /tmp/logs/check.out 2> /tmp/logs/check.err ;;
+        --steps "${check_steps:-24}" --out "$OUT/check.json" > /tmp/logs/check-gpu$2.out 2> /tmp/logs/check-gpu$2.err ;;
     bn)
       CUDA_VISIBLE_DEVICES=$2 timeout 60 python tools/bench_batchnorm.py --batch 16,64 \
-        --out "$OUT/bn.json" > /tmp/logs/bn.out 2> /tmp/logs/bn.err ;;
+        --out "$OUT/bn.json" > /tmp/logs/bn-gpu$2.out 2> /tmp/logs/bn-gpu$2.err ;;
     step-b16)
       step "$1" "$2" bf16 16 "${arms16:-$ws,$ws:fuse=inductor,$ws:fuse=inductor-loss,$ws:fuse=inductor-all}" "${b16_timeout:-400}" ;;
     step-b64)
@@ -46,13 +46,13 @@ job() {  # name, gpu
       timeout "${e2e_timeout:-500}" python tools/bench_train.py --data .data/coco128 --amp bf16 \
         --batch 16 --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
         --repeat-data 4 --measures e2e --gpus "$2" --timeout "${e2e_timeout:-500}" \
-        --out "$OUT/e2e.json" > /tmp/logs/e2e.out 2> /tmp/logs/e2e.err ;;
+        --out "$OUT/e2e.json" > /tmp/logs/e2e-gpu$2.out 2> /tmp/logs/e2e-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
         --arms "${overfit_arm:-$ws:fuse=inductor-all}:seed=${overfit_seed:-0}" --amp bf16 \
         --measures overfit --overfit-epochs "${overfit_epochs:-300}" --overfit-batch 16 \
         --gpus "$2" --timeout "${overfit_timeout:-480}" --out "$OUT/overfit.json" \
-        > /tmp/logs/overfit.out 2> /tmp/logs/overfit.err ;;
+        > /tmp/logs/overfit-gpu$2.out 2> /tmp/logs/overfit-gpu$2.err ;;
     *) echo "unknown job $1" >&2 ;;
   esac
 }
