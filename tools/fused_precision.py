@@ -66,6 +66,13 @@ def main() -> None:
     parser.add_argument("--amp", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument(
+        "--memory-format",
+        default="channels_last",
+        choices=("channels_last", "contiguous"),
+        help="the trainer's is channels_last; contiguous steps around the CPU fault of "
+        "tools/repro_inductor_bf16_concat.py",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -73,9 +80,13 @@ def main() -> None:
     plugins = get_plugins()
     family = plugins.families.get(args.model)
     network = family.build_model(args.model, 80).to(device)
-    network = network.to(memory_format=torch.channels_last).train()
+    layout = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}[
+        args.memory_format
+    ]
+    network = network.to(memory_format=layout).train()
     loss_fn = family.build_loss(network, plugins.assigners.get("tal"))
     batch = make_batch(args.batch, args.imgsz, 80, device)
+    batch["images"] = batch["images"].contiguous(memory_format=layout)
     amp = DTYPES[args.amp]
     loss_ref, grads_ref, stats_ref = one_pass(network, loss_fn, batch, device, None, False)
     report = {

@@ -15,10 +15,10 @@ from falconet.compile_dispatch import CompileDispatch, own_grads
 from falconet.interfaces import DispatchContext
 
 
-def _context(device="cpu", region=True, **options) -> DispatchContext:
+def _context(device="cpu", region=True, precision="fp32", **options) -> DispatchContext:
     return DispatchContext(
         torch.device(device),
-        "fp32",
+        precision,
         capture_region=nn.Identity() if region else None,
         options=options,
     )
@@ -30,6 +30,9 @@ def test_declines_with_a_reason():
     reason = backend.decline_reason(_context(compile_mode="reduce-overhead"))
     assert "needs a CUDA device" in reason
     assert "not one of" in backend.decline_reason(_context(compile_mode="fast"))
+    if any(map(shutil.which, ("c++", "g++", "clang++"))):  # else that is the reason given
+        assert "use amp_dtype=fp32" in backend.decline_reason(_context(precision="bf16"))
+        assert backend.decline_reason(_context(precision="fp32")) is None
 
 
 def test_a_failed_compile_is_logged_and_the_call_runs_eager(caplog):

@@ -50,6 +50,14 @@ class CompileDispatch:
             return "compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device"
         if context.device.type == "cpu" and not any(map(shutil.which, ("c++", "g++", "clang++"))):
             return "Inductor needs a C++ compiler on the CPU and none is on PATH"
+        if context.device.type == "cpu" and context.precision == "bf16":
+            # bf16 convolutions flattened and concatenated (the YOLO head) come out of
+            # Inductor's CPU kernels wrong, often not finite: tools/repro_inductor_bf16_concat.py
+            return (
+                "Inductor's CPU kernels compute bf16 convolution outputs that are flattened and "
+                "concatenated wrongly (tools/repro_inductor_bf16_concat.py); use amp_dtype=fp32 "
+                "to compile on the CPU"
+            )
         return None
 
     def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
