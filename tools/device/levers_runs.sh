@@ -12,7 +12,7 @@
 #   step-b64   the same at batch 64, arms64
 #   step-fp16  the same in fp16 at batch 16, arms_fp16
 #   e2e        end to end (tools/bench_train.py --measures e2e: COCO128 x4, epochs 2-4 of 4,
-#              8 workers), bf16, batch 16, e2e_arms
+#              8 workers), bf16, batch e2e_batch (16), e2e_arms
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              bf16) of overfit_arm at overfit_seed
 # Writes $OUT/<job>.json and $OUT/logs.tgz.
@@ -44,7 +44,7 @@ job() {  # name, gpu
       step "$1" "$2" fp16 16 "${arms_fp16:-falconet,$ws}" "${fp16_timeout:-120}" ;;
     e2e)
       timeout "${e2e_timeout:-500}" python tools/bench_train.py --data .data/coco128 --amp bf16 \
-        --batch 16 --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
+        --batch "${e2e_batch:-16}" --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
         --repeat-data 4 --measures e2e --gpus "$2" --timeout "${e2e_timeout:-500}" \
         --out "$OUT/e2e.json" > /tmp/logs/e2e-gpu$2.out 2> /tmp/logs/e2e-gpu$2.err ;;
     overfit)
