@@ -13,9 +13,12 @@
 #   step-fp16  the same in fp16 at batch 16, arms_fp16
 #   e2e        end to end (tools/bench_train.py --measures e2e: COCO128 x4, epochs 2-4 of 4,
 #              8 workers), bf16, batch e2e_batch (16), e2e_arms
+#   precision  tools/repro_inductor_bf16_concat.py and tools/fused_precision.py on the GPU
+#              (batch 16, 640 px, channels_last): is Inductor's bf16 head right on CUDA, and
+#              are the fused network's gradients further from fp32 than eager's
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              bf16) of overfit_arm at overfit_seed
-# Writes $OUT/<job>.json and $OUT/logs.tgz.
+# Writes $OUT/<job>.json (precision: repro.json and precision.json) and $OUT/logs.tgz.
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
@@ -47,6 +50,11 @@ job() {  # name, gpu
         --batch "${e2e_batch:-16}" --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
         --repeat-data 4 --measures e2e --gpus "$2" --timeout "${e2e_timeout:-500}" \
         --out "$OUT/e2e.json" > /tmp/logs/e2e-gpu$2.out 2> /tmp/logs/e2e-gpu$2.err ;;
+    precision)
+      CUDA_VISIBLE_DEVICES=$2 timeout 120 python tools/repro_inductor_bf16_concat.py \
+        --device cuda > "$OUT/repro.json" 2> /tmp/logs/precision-gpu$2.err
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 300 python fused_precision.py --device cuda \
+        --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
         --arms "${overfit_arm:-$ws:fuse=inductor-all}:seed=${overfit_seed:-0}" --amp bf16 \
