@@ -320,20 +320,22 @@ def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
     [("inductor", 1, 0), ("inductor-loss", 0, 1), ("inductor-all", 1, 1)],
 )
 def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
-    keys, installed_falconet_plugins, fuse, network, loss
+    keys, installed_falconet_plugins, fuse, network, loss, caplog
 ):
     """``fuse=inductor`` compiles the static step's forward, ``inductor-loss`` the loss with
     its assigner, ``inductor-all`` both: Inductor's kernels, not the eager ones, and training
     follows the eager step to rounding."""
     plugins = installed_falconet_plugins
     eager = trainer_for(keys, plugins)
-    fused = trainer_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
+    with caplog.at_level(logging.WARNING, logger="falconet.train"):
+        fused = trainer_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
     data = batches(eager, 8)
     reference = train(eager, data)
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
     got = train(fused, data)
+    assert f"fuse={fuse}: the captured step runs Inductor's kernels" in caplog.text  # said
     assert fused.step_runner.counts["replayed"] >= 2
     # Dynamo compiled what was asked: the network once, the loss once per target bucket
     buckets = sum(len(recorded) for recorded in fused.step_runner.micros.values())

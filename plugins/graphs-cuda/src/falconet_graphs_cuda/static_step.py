@@ -30,6 +30,7 @@ step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,8 @@ from torch.func import functional_call
 
 if TYPE_CHECKING:
     from falconet.training.trainer import Trainer
+
+log = logging.getLogger("falconet.train")
 
 
 @dataclass
@@ -103,6 +106,13 @@ class StaticStep:
         self.forward = self._eager_forward
         if fuse in ("inductor", "inductor-all"):
             self.forward = torch.compile(self._eager_forward, dynamic=False)
+        if fuse != "none":
+            log.warning(
+                "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "
+                "eager and trained to about 0.026 lower mAP50-95 on the overfit check "
+                "(docs/performance.md); check your accuracy before keeping it",
+                fuse,
+            )
         self.loss_fn = trainer.loss_fn
         if fuse in ("inductor-loss", "inductor-all"):
             # the assigner's [B, M, A] and the loss's [B, A, C] elementwise chains, each a
