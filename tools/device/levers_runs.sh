@@ -16,6 +16,8 @@
 #   precision  tools/repro_inductor_bf16_concat.py and tools/fused_precision.py on the GPU
 #              (batch 16, 640 px, channels_last): is Inductor's bf16 head right on CUDA, and
 #              are the fused network's gradients further from fp32 than eager's
+#   assigner   tools/bench_assigner.py: the TAL assigner as it is against compacted to the
+#              batch's real boxes, batch 16 and 64 (bit-for-bit check and replayed time)
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              bf16) of overfit_arm at overfit_seed
 # Writes $OUT/<job>.json (precision: repro.json and precision.json) and $OUT/logs.tgz.
@@ -50,6 +52,10 @@ job() {  # name, gpu
         --batch "${e2e_batch:-16}" --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
         --repeat-data 4 --measures e2e --gpus "$2" --timeout "${e2e_timeout:-500}" \
         --out "$OUT/e2e.json" > /tmp/logs/e2e-gpu$2.out 2> /tmp/logs/e2e-gpu$2.err ;;
+    assigner)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 240 python bench_assigner.py \
+        --data ../.data/coco128/coco128.yaml --batch 16,64 --out "$OUT/assigner.json") \
+        > /tmp/logs/assigner-gpu$2.out 2> /tmp/logs/assigner-gpu$2.err ;;
     precision)
       CUDA_VISIBLE_DEVICES=$2 timeout 120 python tools/repro_inductor_bf16_concat.py \
         --device cuda > "$OUT/repro.json" 2> /tmp/logs/precision-gpu$2.err
