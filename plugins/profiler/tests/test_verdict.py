@@ -75,6 +75,10 @@ def test_compute():
     assert sets(decide(evidence(), whole_step)) == ["fuse=inductor-all"]
     fused = Context(device="cuda", graph="whole-step", fuse="inductor")
     assert sets(decide(evidence(), fused)) == []
+    with_fp16 = Context(device="cuda", graph="whole-step", precisions=frozenset({"bf16", "fp16"}))
+    assert sets(decide(evidence(), with_fp16)) == ["amp_dtype=fp16", "fuse=inductor-all"]
+    in_fp16 = Context(device="cuda", precision="fp16", precisions=frozenset({"bf16", "fp16"}))
+    assert sets(decide(evidence(), in_fp16)) == []
 
 
 @pytest.mark.parametrize(
