@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from check_graphs import build, fetch_batches  # tools/ is on the path
+from bench_train import median_ms  # tools/ is on the path
+from check_graphs import build, fetch_batches
+from graph_replay import replay_ms
 
 from falconet.data.transforms import next_bucket
 from falconet.training.trainer import TARGET_KEYS
@@ -119,35 +119,9 @@ def assigner_inputs(trainer, batch: dict) -> tuple:
     return capture.args
 
 
-def median_ms(fn, device: torch.device, repeats: int) -> float:
-    if device.type != "cuda":
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def time_ms(fn, device: torch.device, repeats: int) -> float:
+    """Replayed as a CUDA graph on a GPU (no launch cost), the host clock on the CPU."""
+    return replay_ms(fn, 5, repeats) if device.type == "cuda" else median_ms(fn, 1, repeats)
 
 
 def same(a, b) -> bool:
@@ -180,8 +154,8 @@ def measure(args, batch_size: int, tmp: Path) -> dict:
             worst = (row["M"] * batch_size, inputs[:6], image, slot, row)
     _, inputs, image, slot, row = worst
     scores, boxes, anchors, gt_boxes, gt_labels, _ = inputs
-    padded = median_ms(lambda: tal(*inputs), trainer.device, args.repeats)
-    compact = median_ms(
+    padded = time_ms(lambda: tal(*inputs), trainer.device, args.repeats)
+    compact = time_ms(
         lambda: compact_tal(tal, scores, boxes, anchors, gt_boxes, gt_labels, image, slot),
         trainer.device,
         args.repeats,

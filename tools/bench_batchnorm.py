@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from graph_replay import replay_ms  # tools/ is on the path
 
 from falconet.plugins import get_plugins
 
@@ -90,29 +91,6 @@ def fwd_bwd(layers, fn) -> None:
         del out, grads
 
 
-def time_graph(layers, fn, warmup: int, repeats: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fwd_bwd(layers, fn)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fwd_bwd(layers, fn)
-    for _ in range(warmup):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def backend(layer) -> str:
     x = layer["x"]
     choice = torch._C._select_batch_norm_backend(
@@ -166,7 +144,7 @@ def main() -> None:
             try:
                 row[name] = {
                     "backend": backend(layers[0]),
-                    "ms": time_graph(layers, fn, args.warmup, args.repeats),
+                    "ms": replay_ms(partial(fwd_bwd, layers, fn), args.warmup, args.repeats),
                 }
             except RuntimeError as error:  # cuDNN may refuse bf16
                 row[name] = {"failed": str(error).splitlines()[0]}
