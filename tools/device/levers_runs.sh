@@ -19,7 +19,7 @@
 #   assigner   tools/bench_assigner.py: the TAL assigner as it is against compacted to the
 #              batch's real boxes, batch 16 and 64 (bit-for-bit check and replayed time)
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
-#              bf16) of overfit_arm at overfit_seed
+#              overfit_amp, bf16 by default) of overfit_arm at overfit_seed
 # Writes $OUT/<job>.json (precision: repro.json and precision.json) and $OUT/logs.tgz.
 set -uo pipefail
 source tools/device/install.sh
@@ -63,7 +63,7 @@ job() {  # name, gpu
         --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
-        --arms "${overfit_arm:-$ws:fuse=inductor-all}:seed=${overfit_seed:-0}" --amp bf16 \
+        --arms "${overfit_arm:-$ws:fuse=inductor-all}:seed=${overfit_seed:-0}" --amp "${overfit_amp:-bf16}" \
         --measures overfit --overfit-epochs "${overfit_epochs:-300}" --overfit-batch 16 \
         --gpus "$2" --timeout "${overfit_timeout:-480}" --out "$OUT/overfit.json" \
         > /tmp/logs/overfit-gpu$2.out 2> /tmp/logs/overfit-gpu$2.err ;;
