@@ -3,16 +3,15 @@ largest box count) against compacted to the batch's real boxes (``[N, A]``, ``N`
 padded total), with the outputs compared bit for bit.
 
 Most of the assigner's work is elementwise over ``[B, M, A]``, and with mosaic a batch's
-largest box count is several times its mean, so most rows are padding: at batch 64 on
-COCO128 the loss's share of the step is large (Inductor's fusion of the loss saved more
-there than anywhere, docs/performance.md). This script measures what computing on the real
-boxes only would save, before the product carries a second target bucket for it: batches
-come from the trainer's own loader (COCO128, mosaic, ``--batch``), predictions from the
-untrained network's forward pass, and the assigner's inputs are taken from the YOLO loss as
-it calls the assigner. ``compact_tal`` is written here, to be measured first; it gives the
-same assignment as ``tal`` up to NaN predictions (checked on every batch). On a GPU each
-version is recorded as a CUDA graph and replayed (no launch cost, as in whole-step), median
-of ``--repeats``; on the CPU, wall time.
+largest box count is several times its mean, so most rows are padding (fusing the loss with
+Inductor took 1.4 ms off the whole step at batch 16, docs/performance.md). This script
+measures what computing on the real boxes only would save, before the product carries a
+second target bucket for it: batches come from the trainer's own loader (COCO128, mosaic,
+``--batch``), predictions from the untrained network's forward pass, and the assigner's
+inputs are taken from the YOLO loss as it calls the assigner. ``compact_tal`` is written
+here, to be measured first; it gives the same assignment as ``tal`` up to NaN predictions
+(checked on every batch). On a GPU each version is recorded as a CUDA graph and replayed (no
+launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall time.
 
     python tools/bench_assigner.py --data .data/coco128/coco128.yaml --batch 16,64 --out a.json
 """
