@@ -167,8 +167,8 @@ def run_falconet(args) -> dict:
         deterministic=False,
         project=args.tmp,
         name="falconet",
-        **args.arm_keys,
     )
+    keys.update(args.arm_keys)  # an arm's own keys win (``falconet:amp_dtype=fp16``)
     result: dict = {}
     if args.measure == "overfit":
         overfit = args.data_yaml.with_name("overfit.yaml")

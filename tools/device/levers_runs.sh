@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (kind nvidia-h200-x2), from the repository root, with .whl and .data
 # carried: the kernel-cost levers of issue #8 item 4 side by side, in one call of < 10 min
-# (docs/performance.md, "Kernel cost"). Two lanes, one per GPU, each a list of jobs run in
-# order (knobs lane0 and lane1); each job has a time limit, so a call ends in time.
+# (docs/performance.md, "Kernel cost"). Two lanes, each a list of jobs run in order (knobs
+# lane0 and lane1) on its own GPU (knob gpus, "0 1"; "0 0" on a one-GPU machine, where only
+# jobs that time nothing should share it); each job has a time limit, so a call ends in time.
+# inductor_env (e.g. TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1) is exported to every job.
 # Jobs:
 #   check      tools/check_graphs.py: eager vs cuda-graph vs whole-step from the same state in
 #              check_amp, torch's deterministic algorithms, check_steps steps; the bf16 fused
@@ -11,20 +13,28 @@
 #   step-b16   isolated step (tools/bench_train.py --measures step), bf16, batch 16, arms16
 #   step-b64   the same at batch 64, arms64
 #   step-fp16  the same in fp16 at batch 16, arms_fp16
+#   step-b4    the same at batch 4, arms4 (bf16 and fp16 whole-step)
 #   e2e        end to end (tools/bench_train.py --measures e2e: COCO128 x4, epochs 2-4 of 4,
-#              8 workers), bf16, batch e2e_batch (16), e2e_arms
+#              8 workers), bf16, batch e2e_batch (16, or a list: 4,16,64), e2e_arms
 #   precision  tools/repro_inductor_bf16_concat.py and tools/fused_precision.py on the GPU
 #              (batch 16, 640 px, channels_last): is Inductor's bf16 head right on CUDA, and
 #              are the fused network's gradients further from fp32 than eager's
 #   assigner   tools/bench_assigner.py: the TAL assigner as it is against compacted to the
 #              batch's real boxes, batch 16 and 64 (bit-for-bit check and replayed time)
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
-#              overfit_amp, bf16 by default) of overfit_arm at overfit_seed
+#              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
+#              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run
+#              at once, e.g. 0,0,0)
 # Writes $OUT/<job>.json (precision: repro.json and precision.json) and $OUT/logs.tgz.
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 rm -rf /tmp/logs && mkdir -p /tmp/logs  # a warm machine keeps the last call's
+[[ -n "${inductor_env:-}" ]] && export "${inductor_env?}"
+read -r gpu_a gpu_b <<< "${gpus:-0 1}"
+python -c "import torch, torch._inductor.config as c; print('torch', torch.__version__,
+  'emulate_precision_casts', c.emulate_precision_casts, 'on_saved_tensors',
+  getattr(c, 'emulate_precision_casts_on_saved_tensors', 'absent'))" > /tmp/logs/inductor.out
 ws=falconet:graph=whole-step
 step() {  # job, gpu, amp, batch, arms, seconds
   timeout "$6" python tools/bench_train.py --data .data/coco128 --arms "$5" --amp "$3" \
@@ -47,6 +57,8 @@ job() {  # name, gpu
       step "$1" "$2" bf16 64 "${arms64:-$ws:fuse=inductor-all}" "${b64_timeout:-200}" ;;
     step-fp16)
       step "$1" "$2" fp16 16 "${arms_fp16:-falconet,$ws}" "${fp16_timeout:-120}" ;;
+    step-b4)
+      step "$1" "$2" bf16 4 "${arms4:-$ws,$ws:amp_dtype=fp16}" "${b4_timeout:-150}" ;;
     e2e)
       timeout "${e2e_timeout:-500}" python tools/bench_train.py --data .data/coco128 --amp bf16 \
         --batch "${e2e_batch:-16}" --arms "${e2e_arms:-$ws,$ws:fuse=inductor-all}" --repeats 1 --epochs 4 \
@@ -63,9 +75,9 @@ job() {  # name, gpu
         --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
-        --arms "${overfit_arm:-$ws:fuse=inductor-all}:seed=${overfit_seed:-0}" --amp "${overfit_amp:-bf16}" \
+        --arms "${overfit_arms:-$ws:fuse=inductor-all:seed=0}" --amp "${overfit_amp:-bf16}" \
         --measures overfit --overfit-epochs "${overfit_epochs:-300}" --overfit-batch 16 \
-        --gpus "$2" --timeout "${overfit_timeout:-480}" --out "$OUT/overfit.json" \
+        --gpus "${overfit_gpus:-$2}" --timeout "${overfit_timeout:-480}" --out "$OUT/overfit.json" \
         > /tmp/logs/overfit-gpu$2.out 2> /tmp/logs/overfit-gpu$2.err ;;
     *) echo "unknown job $1" >&2 ;;
   esac
@@ -73,8 +85,8 @@ job() {  # name, gpu
 lane() {  # gpu, jobs
   for name in $2; do job "$name" "$1"; done
 }
-lane 0 "${lane0-check bn step-b64}" &
-lane 1 "${lane1-step-b16 step-fp16}"
+lane "$gpu_a" "${lane0-check bn step-b64}" &
+lane "$gpu_b" "${lane1-step-b16 step-fp16}"
 wait
 for f in /tmp/logs/*.out; do echo "== $f"; tail -n 25 "$f"; done
 grep -h "captured\|could not\|declined\|Error" /tmp/logs/*.err | sort | uniq -c | head -20
