@@ -16,11 +16,12 @@ import shutil
 import pytest
 import torch
 
+from falconet.data.targets import TARGET_KEYS, fits, pad_targets, target_bucket
 from falconet.interfaces import DispatchContext
 from falconet.training.setup import plan_run
-from falconet.training.trainer import TARGET_KEYS, Trainer
+from falconet.training.trainer import Trainer
 from falconet_graphs_cuda.backend import WholeStepDispatch
-from falconet_graphs_cuda.whole_step import WholeStepRunner, pad_targets
+from falconet_graphs_cuda.whole_step import WholeStepRunner
 
 
 class EagerMicro:
@@ -230,12 +231,15 @@ def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_fal
     plugins = installed_falconet_plugins
     whole = trainer_for(keys, plugins, EagerStepRecorder())
     data = batches(whole, 10)
-    big = lambda t: pad_targets(t, 2 * t["boxes"].shape[1])  # noqa: E731
-    train(whole, data[:6], big)  # records the doubled bucket
+    # (slots per image, boxes per batch): at most (16, 32) in these batches of 4, and varied
+    buckets = {target_bucket(b) for b in data}
+    assert len(buckets) > 1 and all(fits(b, (16, 32)) for b in buckets)
+    big = lambda t: pad_targets(t, (32, 64))  # noqa: E731
+    train(whole, data[:6], big)  # records the larger bucket
     runner = whole.step_runner
-    assert [r.bucket for r in next(iter(runner.micros.values()))] == [16]
+    assert [r.bucket for r in next(iter(runner.micros.values()))] == [(32, 64)]
     replayed = runner.counts["replayed"]
-    train(whole, data[6:])  # bucket 8 fits in 16: replayed, not recorded
+    train(whole, data[6:])  # each bucket fits in (32, 64): replayed, not recorded
     assert runner.counts["replayed"] == replayed + 4 and runner.counts["recorded"] == 1
 
 
@@ -248,8 +252,11 @@ def test_padding_does_not_change_the_loss(keys, installed_falconet_plugins):
     with torch.no_grad():
         outputs = trainer.model(images)
         small, _ = trainer.loss_fn(outputs, targets)
-        padded, _ = trainer.loss_fn(outputs, pad_targets(targets, 32))
+        padded, _ = trainer.loss_fn(outputs, pad_targets(targets, (32, 64)))
+        per_slot = {k: targets[k] for k in ("boxes", "labels", "counts")}  # no box_rows
+        slots, _ = trainer.loss_fn(outputs, per_slot)
     torch.testing.assert_close(small, padded)
+    assert torch.equal(small, slots)  # tal per box and per slot: the same assignment
 
 
 def test_a_failed_recording_continues_eagerly(keys, installed_falconet_plugins, caplog):
@@ -274,7 +281,7 @@ def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
             return torch.autograd.profiler.record_function(name)
 
     whole.phases = Recorder()
-    train(whole, batches(whole, 8))
+    train(whole, batches(whole, 8), lambda t: pad_targets(t, (32, 64)))  # one bucket
     counts = whole.step_runner.counts
     assert counts["replayed"] >= 2
     # every batch asks the runner first; a batch it leaves to the trainer then runs the
@@ -330,11 +337,12 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
     with caplog.at_level(logging.WARNING, logger="falconet.train"):
         fused = trainer_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
     data = batches(eager, 8)
-    reference = train(eager, data)
+    one_bucket = lambda t: pad_targets(t, (32, 64))  # noqa: E731  (replays from the 3rd batch)
+    reference = train(eager, data, one_bucket)
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    got = train(fused, data)
+    got = train(fused, data, one_bucket)
     assert f"fuse={fuse}: the captured step runs Inductor's kernels" in caplog.text  # said
     assert fused.step_runner.counts["replayed"] >= 2
     # Dynamo compiled what was asked: the network once, the loss once per target bucket

@@ -1,17 +1,15 @@
-"""The task-aligned assigner at real batch shapes: as it is (``[B, M, A]``, ``M`` the padded
-largest box count) against compacted to the batch's real boxes (``[N, A]``, ``N`` the
-padded total), with the outputs compared bit for bit.
+"""The task-aligned assigner at real batch shapes: per slot (``[B, M, A]``, ``M`` the padded
+largest box count) against per box (``[N, A]``, ``N`` the padded total, the ``box_rows`` of
+``falconet.data.targets``), with the outputs compared bit for bit.
 
-Most of the assigner's work is elementwise over ``[B, M, A]``, and with mosaic a batch's
-largest box count is several times its mean, so most rows are padding (fusing the loss with
-Inductor took 1.4 ms off the whole step at batch 16, docs/performance.md). This script
-measures what computing on the real boxes only would save, before the product carries a
-second target bucket for it: batches come from the trainer's own loader (COCO128, mosaic,
-``--batch``), predictions from the untrained network's forward pass, and the assigner's
-inputs are taken from the YOLO loss as it calls the assigner. ``compact_tal`` is written
-here, to be measured first; it gives the same assignment as ``tal`` up to NaN predictions
-(checked on every batch). On a GPU each version is recorded as a CUDA graph and replayed (no
-launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall time.
+Most of the assigner's work is elementwise, and with mosaic a batch's largest box count is
+several times its mean, so most of ``[B, M]`` is padding. This script measured what working
+on the real boxes saves before the product took it (docs/performance.md), and measures it
+again: batches come from the trainer's own loader (COCO128, mosaic, ``--batch``),
+predictions from the untrained network's forward pass, and the assigner's inputs are taken
+from the YOLO loss as it calls the assigner. On a GPU each form is recorded as a CUDA graph
+and replayed (no launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall
+time.
 
     python tools/bench_assigner.py --data .data/coco128/coco128.yaml --batch 16,64 --out a.json
 """
@@ -28,79 +26,18 @@ from bench_train import median_ms  # tools/ is on the path
 from check_graphs import build, fetch_batches
 from graph_replay import replay_ms
 
-from falconet.data.transforms import next_bucket
-from falconet.training.trainer import TARGET_KEYS
-from falconet_detect.assigners.common import assignment
-from falconet_detect.assigners.tal import EPS, TaskAlignedAssigner, centres_inside
-from falconet_detect.boxes import pairwise_iou
-
-
-def box_rows(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``image [N]`` and ``slot [N]`` of every real box, padded to a bucket of the total with
-    image ``B`` (no image) and slot 0. Made on the host, where the counts are known."""
-    batch = len(counts)
-    image = torch.repeat_interleave(torch.arange(batch), counts)
-    slot = torch.cat([torch.arange(int(c)) for c in counts]) if batch else image
-    pad = next_bucket(len(image)) - len(image)
-    return torch.cat((image, image.new_full((pad,), batch))), torch.cat((slot, slot.new_zeros(pad)))
-
-
-@torch.no_grad()
-def compact_tal(
-    tal: TaskAlignedAssigner,
-    pred_scores: torch.Tensor,
-    pred_boxes: torch.Tensor,
-    anchor_points: torch.Tensor,
-    gt_boxes: torch.Tensor,
-    gt_labels: torch.Tensor,
-    image: torch.Tensor,
-    slot: torch.Tensor,
-):
-    """``tal``'s assignment computed over the ``N`` real boxes: per-box work on ``[N, A]``,
-    per-anchor reductions over an image's boxes by ``index_add_`` (sums of 0/1, exact) and
-    ``index_reduce_`` (maxima and minima, exact in any order)."""
-    batch, anchors, classes = pred_scores.shape
-    slots = gt_boxes.shape[1]
-    real = (image < batch).float()
-    owner_image = image.clamp(max=batch - 1)
-    boxes, labels = gt_boxes[owner_image, slot], gt_labels[owner_image, slot]  # [N, 4], [N]
-    inside = centres_inside(anchor_points, boxes[None])[0].float() * real[:, None]  # [N, A]
-    scores = pred_scores[
-        owner_image[:, None], torch.arange(anchors, device=image.device), labels[:, None]
-    ]
-    ious = pairwise_iou(boxes[:, None], pred_boxes[owner_image])[:, 0] * inside
-    align = scores.pow(tal.alpha) * ious.pow(tal.beta) * inside
-    top = align.topk(min(tal.topk, anchors), dim=-1).indices
-    chosen = torch.zeros_like(align).scatter_(-1, top, 1.0) * inside
-
-    def per_image(values: torch.Tensor, reduce: str, start: float) -> torch.Tensor:
-        out = values.new_full((batch + 1, anchors), start)
-        if reduce == "sum":
-            return out.index_add_(0, image, values)
-        return out.index_reduce_(0, image, values, reduce, include_self=True)
-
-    claimed = per_image(chosen, "sum", 0.0)[image]  # [N, A]: boxes claiming the anchor
-    best_iou = per_image(ious, "amax", 0.0)[image]
-    ranked = torch.where(ious == best_iou, slot[:, None].to(ious.dtype), float(slots))
-    first = per_image(ranked, "amin", float(slots))[image]  # argmax's first-index tie rule
-    best = (slot[:, None].to(ious.dtype) == first).to(chosen.dtype)
-    chosen = torch.where(claimed > 1, best * inside, chosen)
-    foreground = per_image(chosen, "sum", 0.0)[:batch].clamp(max=1)
-    align = align * chosen
-    scale = (ious * chosen).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + EPS)
-    strength = per_image(align * scale, "amax", 0.0)[:batch]
-    owner = per_image(chosen * slot[:, None].to(chosen.dtype), "sum", 0.0)[:batch].long()
-    return assignment(owner, foreground, strength, gt_boxes, gt_labels, classes, pred_scores.dtype)
+from falconet.data.targets import TARGET_KEYS
+from falconet_detect.assigners.tal import TaskAlignedAssigner
 
 
 class Capture:
     """Stands in for the loss's assigner once, to keep the arguments the loss passes it."""
 
     def __init__(self, assigner) -> None:
-        self.assigner, self.args = assigner, None
+        self.assigner, self.args, self.kwargs = assigner, None, None
 
     def __call__(self, *args, **kwargs):
-        self.args = args
+        self.args, self.kwargs = args, kwargs
         return self.assigner(*args, **kwargs)
 
 
@@ -115,7 +52,7 @@ def assigner_inputs(trainer, batch: dict) -> tuple:
             trainer.loss_fn(trainer.model(images), targets)
     finally:
         trainer.loss_fn.assigner = capture.assigner
-    return capture.args
+    return capture.args, capture.kwargs["box_rows"]
 
 
 def time_ms(fn, device: torch.device, repeats: int) -> float:
@@ -140,31 +77,22 @@ def measure(args, batch_size: int, tmp: Path) -> dict:
     tal = TaskAlignedAssigner()
     rows, worst = [], None
     for batch in fetch_batches(trainer, args.batches):
-        inputs = assigner_inputs(trainer, batch)
-        scores, boxes, anchors, gt_boxes, gt_labels = inputs[:5]
-        image, slot = (t.to(trainer.device) for t in box_rows(batch["counts"]))
-        equal = same(
-            tal(*inputs[:6]),
-            compact_tal(tal, scores, boxes, anchors, gt_boxes, gt_labels, image, slot),
-        )
-        row = {"M": gt_boxes.shape[1], "boxes": int(batch["counts"].sum()), "N": len(image)}
+        inputs, box_rows = assigner_inputs(trainer, batch)
+        gt_boxes = inputs[3]
+        equal = same(tal(*inputs), tal(*inputs, box_rows=box_rows))
+        row = {"M": gt_boxes.shape[1], "boxes": int(batch["counts"].sum()), "N": len(box_rows[0])}
         rows.append(row | {"equal": equal})
         if worst is None or row["M"] * batch_size > worst[0]:
-            worst = (row["M"] * batch_size, inputs[:6], image, slot, row)
-    _, inputs, image, slot, row = worst
-    scores, boxes, anchors, gt_boxes, gt_labels, _ = inputs
-    padded = time_ms(lambda: tal(*inputs), trainer.device, args.repeats)
-    compact = time_ms(
-        lambda: compact_tal(tal, scores, boxes, anchors, gt_boxes, gt_labels, image, slot),
-        trainer.device,
-        args.repeats,
-    )
+            worst = (row["M"] * batch_size, inputs, box_rows, row)
+    _, inputs, box_rows, row = worst
+    per_slot = time_ms(lambda: tal(*inputs), trainer.device, args.repeats)
+    per_box = time_ms(lambda: tal(*inputs, box_rows=box_rows), trainer.device, args.repeats)
     return {
         "batches": rows,
         "all_equal": all(r["equal"] for r in rows),
         "timed_batch": row,
-        "tal_ms": padded,
-        "compact_ms": compact,
+        "per_slot_ms": per_slot,
+        "per_box_ms": per_box,
     }
 
 

@@ -148,9 +148,10 @@ def gpu_profile(step, steps: int = 20) -> dict:
 def run_falconet(args) -> dict:
     import torch
 
+    from falconet.data.targets import TARGET_KEYS
     from falconet.plugins import get_plugins
     from falconet.training.setup import plan_run
-    from falconet.training.trainer import TARGET_KEYS, Trainer
+    from falconet.training.trainer import Trainer
 
     plugins = get_plugins()
     keys = dict(

@@ -54,7 +54,7 @@ def fetch_batches(trainer, steps: int) -> list[dict]:
 
 
 def train(trainer, batches: list[dict]) -> dict:
-    from falconet.training.trainer import TARGET_KEYS
+    from falconet.data.targets import TARGET_KEYS
 
     device = trainer.device
     cuda = device.type == "cuda"  # on the CPU only the script itself is checked

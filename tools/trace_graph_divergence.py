@@ -79,7 +79,7 @@ def after_update(trainer) -> dict:
 
 
 def trace(args, amp: str, tmp: Path) -> dict:
-    from falconet.training.trainer import TARGET_KEYS
+    from falconet.data.targets import TARGET_KEYS
 
     keys = paired_keys(args, amp, tmp)
     arms = {g: build({**keys, "graph": g, "name": f"{amp}-{g}"}) for g in ("eager", "cuda-graph")}

@@ -19,8 +19,8 @@
 #   precision  tools/repro_inductor_bf16_concat.py and tools/fused_precision.py on the GPU
 #              (batch 16, 640 px, channels_last): is Inductor's bf16 head right on CUDA, and
 #              are the fused network's gradients further from fp32 than eager's
-#   assigner   tools/bench_assigner.py: the TAL assigner as it is against compacted to the
-#              batch's real boxes, batch 16 and 64 (bit-for-bit check and replayed time)
+#   assigner   tools/bench_assigner.py: the TAL assigner per slot against per box (the
+#              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
 #              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run

@@ -170,6 +170,10 @@ def test_collate_pads_targets_to_a_bucket(tmp_path):
     batch = collate([dataset[i] for i in range(4)])
     counts = batch["counts"]
     assert batch["boxes"].shape == (4, 8, 4) and batch["labels"].shape == (4, 8)
+    real = batch["box_images"] < 4  # the per-box view lists the same boxes
+    assert real.sum() == counts.sum() and len(batch["box_images"]) >= counts.sum()
+    picked = batch["boxes"][batch["box_images"][real], batch["box_slots"][real]]
+    assert torch.equal(picked, torch.cat([batch["boxes"][i, :n] for i, n in enumerate(counts)]))
     for i, n in enumerate(counts.tolist()):
         assert batch["boxes"][i, n:].abs().sum() == 0
         assert (batch["boxes"][i, :n, 2:] > batch["boxes"][i, :n, :2]).all()

@@ -54,3 +54,20 @@ def test_simota_needs_strides():
     inputs.pop("anchor_strides")
     with pytest.raises(ValueError, match="simota needs anchor_strides"):
         SIMOTA(**inputs)
+
+
+def test_tal_per_box_breaks_ties_as_per_slot_does():
+    """Two boxes in the same place, of different classes, claim anchors with the same IoU:
+    per slot, ``argmax`` gives such an anchor to the first slot; the per-box form must pick
+    the same slot (the labels tell them apart)."""
+    from falconet.data.targets import box_rows
+
+    inputs = assigner_inputs(7)
+    inputs["gt_boxes"][2, 4] = inputs["gt_boxes"][2, 1]
+    inputs["gt_labels"][2, 4] = (inputs["gt_labels"][2, 1] + 1) % 4
+    per_slot = TAL(**inputs)
+    per_box = TAL(**inputs, box_rows=box_rows(inputs["gt_counts"]))
+    place = (per_slot.boxes[2] == inputs["gt_boxes"][2, 1]).all(-1)
+    assert (per_slot.foreground[2] * place).sum() > 0  # the shared place has anchors
+    for field in ("labels", "boxes", "scores", "foreground"):
+        assert torch.equal(getattr(per_box, field), getattr(per_slot, field)), field

@@ -9,7 +9,9 @@ the attributes below, with the plugin named. Conventions shared by all kinds:
 * labels: contiguous class indices ``0..C-1``, ``int64``;
 * ground truth in a batch is *padded*: ``boxes [B, M, 4]``, ``labels [B, M]`` and a
   ``counts [B]`` (``int64``) of real boxes per image, so model, assigner and loss code is
-  static-shaped (``M`` depends on the batch's bucket, never on Python-side data inspection).
+  static-shaped (``M`` depends on the batch's bucket, never on Python-side data inspection);
+  the loader adds the same boxes per box, ``box_images [N]`` and ``box_slots [N]``
+  (:mod:`falconet.data.targets`), for code that works on the real boxes only.
 
 Every item carries ``name`` (what users type) and ``summary`` (one line for
 ``falconet plugins list``). Torch is imported only for type checking here, so importing this
@@ -125,6 +127,7 @@ class Assigner(Protocol):
         gt_labels: torch.Tensor,
         gt_counts: torch.Tensor,
         anchor_strides: torch.Tensor | None = None,
+        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Assignment:
         """Assign ground truth to anchors.
 
@@ -136,6 +139,10 @@ class Assigner(Protocol):
         :param gt_counts: ``[B]`` number of real boxes per image, ``int64``.
         :param anchor_strides: ``[A, 1]`` the stride of each anchor's level, in pixels (for
             assigners whose rules are in strides, such as SimOTA's centre radius).
+        :param box_rows: ``(box_images [N], box_slots [N])``, the batch's real boxes
+            (:mod:`falconet.data.targets`), when the loss has them; an assigner may use them
+            to work on ``N`` boxes instead of ``B x M`` slots, and must give the same
+            assignment either way, or ignore them.
 
         Each anchor is assigned at most one ground-truth box.
         """

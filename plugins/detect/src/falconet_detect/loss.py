@@ -28,7 +28,9 @@ class YoloLoss:
     :param outputs: the network's ``(box [B, A, 4 * reg_max], cls [B, A, C], anchors [A, 2],
         strides [A, 1])``.
     :param batch: ``boxes [B, M, 4]`` xyxy pixels of the network input, ``labels [B, M]`` and
-        ``counts [B]`` (the padded targets of ``falconet.data.loader.collate``).
+        ``counts [B]`` (the padded targets of ``falconet.data.loader.collate``), and where
+        present ``box_images``/``box_slots``, handed to the assigner
+        (:mod:`falconet.data.targets`).
     """
 
     def __init__(self, assigner: Assigner, gains: Mapping[str, float] | None = None) -> None:
@@ -65,6 +67,7 @@ class YoloLoss:
             batch["labels"],
             batch["counts"],
             anchor_strides=strides,
+            box_rows=(batch["box_images"], batch["box_slots"]) if "box_images" in batch else None,
         )
         norm = target.scores.sum().clamp(min=1.0)
         cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm

@@ -152,7 +152,7 @@ class CudaRecorder:
 class CudaMicro:
     """One recorded forward + loss + backward of the whole step (static images and targets)."""
 
-    def __init__(self, bucket: int, images, targets, loss, parts, graph) -> None:
+    def __init__(self, bucket: tuple[int, ...], images, targets, loss, parts, graph) -> None:
         self.bucket = bucket
         self.images, self.targets = images, targets
         self.loss, self.parts, self.graph = loss, parts, graph
@@ -183,7 +183,9 @@ class CudaStepRecorder:
         self.warmup = warmup
         self.pool = torch.cuda.graph_pool_handle()
 
-    def micro(self, step, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: int):
+    def micro(
+        self, step, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: tuple[int, ...]
+    ):
         device = images.device
         static_images = images.clone()
         static_targets = {k: v.clone() for k, v in targets.items()}

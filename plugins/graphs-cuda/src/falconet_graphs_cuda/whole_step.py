@@ -4,13 +4,14 @@ graphs, for a family whose loss is static-shaped.
 :class:`WholeStepRunner` is what the trainer calls in place of its step
 (:meth:`Trainer.train_batch`). Per batch:
 
-* the **key** is the image shape and the targets' box bucket ``M`` (the loader pads targets to
-  a power of two, ``falconet.data.loader.collate``). A batch whose ``M`` fits a recorded bucket
-  of the same image shape is padded up to it (padded rows are ignored through ``counts``) and
-  replayed; another key is counted and recorded on its ``capture_after``-th call, once the
-  optimizer has its momentum buffers (its first eager step makes them). Until then the runner
-  returns ``None`` and the trainer runs the step eagerly, so a batch with more boxes than any
-  bucket runs eager until its larger bucket has repeated;
+* the **key** is the image shape and the targets' bucket ``(M, N)``: the padded slots per image
+  and the padded boxes of the batch (powers of two, :mod:`falconet.data.targets`). A batch
+  that fits a recorded bucket of the same image shape is padded up to the smallest such
+  bucket (padding is ignored by the loss) and replayed; another key is counted and recorded
+  on its ``capture_after``-th call, once the optimizer has its momentum buffers (its first
+  eager step makes them). Until then the runner returns ``None`` and the trainer runs the
+  step eagerly, so a batch with more boxes than any bucket runs eager until its larger bucket
+  has repeated;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
   every key, is the optimizer step (clip, SGD, EMA, zero gradients), replayed on the batches
   that update the weights (every ``accumulate``-th). Learning rates, momenta and the EMA weight
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from falconet.data.targets import fits, pad_targets, target_bucket
 from falconet_graphs_cuda.graphed import describe_failure
 from falconet_graphs_cuda.static_step import StaticStep
 
@@ -38,13 +40,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("falconet.train")
 
-TARGETS = ("boxes", "labels", "counts")
-
 
 class MicroRecording(Protocol):
     """A recorded forward + loss + backward for one (image shape, bucket)."""
 
-    bucket: int
+    bucket: tuple[int, ...]
 
     def replay(
         self, images: torch.Tensor, targets: dict[str, torch.Tensor]
@@ -59,22 +59,14 @@ class StepRecorder(Protocol):
     """Records the two kinds of graph; raises when it cannot."""
 
     def micro(
-        self, step: StaticStep, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: int
+        self,
+        step: StaticStep,
+        images: torch.Tensor,
+        targets: dict[str, torch.Tensor],
+        bucket: tuple[int, ...],
     ) -> MicroRecording: ...
 
     def update(self, step: StaticStep) -> UpdateRecording: ...
-
-
-def pad_targets(targets: dict[str, torch.Tensor], bucket: int) -> dict[str, torch.Tensor]:
-    """``boxes``/``labels`` padded with zero rows to ``bucket`` rows (``counts`` unchanged)."""
-    m = targets["boxes"].shape[1]
-    if m == bucket:
-        return {k: targets[k] for k in TARGETS}
-    boxes = targets["boxes"].new_zeros(targets["boxes"].shape[0], bucket, 4)
-    labels = targets["labels"].new_zeros(targets["labels"].shape[0], bucket)
-    boxes[:, :m] = targets["boxes"]
-    labels[:, :m] = targets["labels"]
-    return {"boxes": boxes, "labels": labels, "counts": targets["counts"]}
 
 
 class WholeStepRunner:
@@ -90,7 +82,7 @@ class WholeStepRunner:
         self.step = StaticStep(trainer)
         self.recorder = recorder
         self.capture_after = capture_after
-        self.micros: dict[tuple, list[MicroRecording]] = {}  # image key -> buckets, ascending
+        self.micros: dict[tuple, list[MicroRecording]] = {}  # image key -> buckets, smallest first
         self.update: UpdateRecording | None = None
         self.seen: dict[tuple, int] = {}
         self.failed: str | None = None
@@ -101,10 +93,12 @@ class WholeStepRunner:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
         """The step's loss and parts, or ``None``: the trainer runs this batch eagerly."""
         image_key = (tuple(images.shape), images.stride(), images.dtype)
-        m = targets["boxes"].shape[1]
-        recording = next((r for r in self.micros.get(image_key, ()) if r.bucket >= m), None)
+        bucket = target_bucket(targets)
+        recording = next(
+            (r for r in self.micros.get(image_key, ()) if fits(bucket, r.bucket)), None
+        )
         if recording is None:
-            recording = self._maybe_record(image_key, images, targets, m)
+            recording = self._maybe_record(image_key, images, targets, bucket)
             if recording is None:
                 self.counts["eager"] += 1
                 return None
@@ -119,38 +113,42 @@ class WholeStepRunner:
         return loss, parts
 
     def _maybe_record(
-        self, image_key: tuple, images: torch.Tensor, targets: dict[str, torch.Tensor], m: int
+        self,
+        image_key: tuple,
+        images: torch.Tensor,
+        targets: dict[str, torch.Tensor],
+        bucket: tuple[int, ...],
     ) -> MicroRecording | None:
         if self.failed is not None or not self.step.ready():
             return None
-        key = (image_key, m)
+        key = (image_key, bucket)
         seen = self.seen[key] = self.seen.get(key, 0) + 1
         if seen < self.capture_after:
             return None
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
         try:
-            recording = recorder.micro(self.step, images, pad_targets(targets, m), m)
+            recording = recorder.micro(self.step, images, pad_targets(targets, bucket), bucket)
             if self.update is None:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged
             self.failed = describe_failure(exc)
             self.counts["failed"] += 1
             log.error(
-                "graph=whole-step could not capture the step for input %s with %d target "
-                "slots: %s; the run continues eagerly",
+                "graph=whole-step could not capture the step for input %s with target bucket "
+                "%s: %s; the run continues eagerly",
                 list(images.shape),
-                m,
+                bucket,
                 self.failed,
             )
             return None
         buckets = self.micros.setdefault(image_key, [])
         buckets.append(recording)
-        buckets.sort(key=lambda r: r.bucket)
+        buckets.sort(key=lambda r: r.bucket[::-1])  # the fewest boxes first: the least work
         self.counts["recorded"] += 1
         log.info(
-            "graph=whole-step: captured the step for input %s with %d target slots",
+            "graph=whole-step: captured the step for input %s with target bucket %s",
             list(images.shape),
-            m,
+            bucket,
         )
         return recording

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from falconet.data.records import Sample
+from falconet.data.targets import box_rows
 from falconet.data.transforms import (
     AugmentConfig,
     affine_matrix,
@@ -159,7 +160,8 @@ class DetectionDataset(torch.utils.data.Dataset):
 def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Stack images; pad targets to ``[B, M, ...]`` with ``M`` a bucket (power of two >= 8) of
     the largest box count, plus ``counts [B]``. Padded rows are zeros; ``counts`` says how many
-    rows are real, so model, assigner and loss code stays static-shaped per bucket.
+    rows are real, so model, assigner and loss code stays static-shaped per bucket. The same
+    boxes per box, ``box_images``/``box_slots`` (:mod:`falconet.data.targets`), come along.
 
     ``images`` is ``[B, 3, S, S]`` uint8 in channels_last memory (a view of the stacked HWC
     arrays): no transpose on the CPU, and the layout the GPU's convolutions want.
@@ -176,6 +178,7 @@ def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         "boxes": boxes,
         "labels": labels,
         "counts": counts,
+        **dict(zip(("box_images", "box_slots"), box_rows(counts), strict=True)),
         "image_ids": torch.tensor([item["image_id"] for item in items], dtype=torch.int64),
         "orig_sizes": torch.tensor([item["orig_size"] for item in items], dtype=torch.int64),
         "ratios": torch.tensor([item["ratio"] for item in items], dtype=torch.float64),

@@ -29,6 +29,7 @@ import yaml
 from falconet import __version__
 from falconet.data.records import DataError
 from falconet.data.resolve import load_dataset
+from falconet.data.targets import TARGET_KEYS
 from falconet.evaluation.contract import EvalResult
 from falconet.interfaces import DispatchContext
 from falconet.plugins import Plugins
@@ -55,7 +56,6 @@ from falconet.training.setup import ModelSpec, Plan, build_loaders
 
 log = logging.getLogger("falconet.train")
 
-TARGET_KEYS = ("boxes", "labels", "counts")
 METRIC_COLUMNS = ("metrics/mAP50-95", "metrics/mAP50", "fitness")
 
 

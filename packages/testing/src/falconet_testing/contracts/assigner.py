@@ -91,3 +91,19 @@ class AssignerContract:
         again = self.assigner(**inputs)
         assert torch.equal(out.foreground, again.foreground)
         assert torch.equal(out.labels, again.labels) and torch.equal(out.scores, again.scores)
+
+    @pytest.mark.parametrize("spare", [0, 8], ids=["rows", "padded-rows"])
+    def test_box_rows_give_the_same_assignment(self, case, spare: int) -> None:
+        """With the batch's real boxes passed as ``box_rows`` (``falconet.data.targets``),
+        the assignment is the same bit for bit, also with padding rows beyond them."""
+        import torch
+
+        from falconet.data.targets import box_rows
+
+        inputs, out = case
+        images, slots = box_rows(inputs["gt_counts"])
+        images = torch.cat((images, images.new_full((spare,), len(inputs["gt_counts"]))))
+        slots = torch.cat((slots, slots.new_zeros(spare)))
+        rows = self.assigner(**inputs, box_rows=(images, slots))
+        for field in ("labels", "boxes", "scores", "foreground"):
+            assert torch.equal(getattr(rows, field), getattr(out, field)), field

@@ -37,6 +37,7 @@ class HungarianAssigner:
         gt_labels: torch.Tensor,
         gt_counts: torch.Tensor,
         anchor_strides: torch.Tensor | None = None,
+        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # unused: works per slot
     ) -> Assignment:
         from scipy.optimize import linear_sum_assignment
 

@@ -39,6 +39,7 @@ class SimOTAAssigner:
         gt_labels: torch.Tensor,
         gt_counts: torch.Tensor,
         anchor_strides: torch.Tensor | None = None,
+        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # unused: works per slot
     ) -> Assignment:
         batch, anchors, classes = pred_scores.shape
         slots = gt_boxes.shape[1]
