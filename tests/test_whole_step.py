@@ -243,6 +243,23 @@ def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_fal
     assert runner.counts["replayed"] == replayed + 4 and runner.counts["recorded"] == 1
 
 
+def test_a_new_box_count_records_at_the_largest_slot_count_so_far(keys, installed_falconet_plugins):
+    """Per box, the slots per image cost next to nothing, so a recording for a new batch box
+    count ``N`` takes the largest ``M`` recorded before: fewer recordings in a run."""
+    whole = trainer_for(keys, installed_falconet_plugins, EagerStepRecorder())
+    data = batches(whole, 12)
+    few_slots = [b for b in data if target_bucket(b)[0] == 8][:3]
+    assert len(few_slots) == 3
+    train(whole, data[:6], lambda t: pad_targets(t, (32, 32)))  # recorded at (32, 32)
+    train(whole, few_slots, lambda t: pad_targets(t, (8, 64)))  # a new N: recorded at (32, 64)
+    runner = whole.step_runner
+    assert [r.bucket for r in next(iter(runner.micros.values()))] == [(32, 32), (32, 64)]
+    recorded, replayed = runner.counts["recorded"], runner.counts["replayed"]
+    train(whole, data[:2], lambda t: pad_targets(t, (32, 64)))  # fits: no third recording
+    assert runner.counts["recorded"] == recorded == 2
+    assert runner.counts["replayed"] == replayed + 2
+
+
 def test_padding_does_not_change_the_loss(keys, installed_falconet_plugins):
     trainer = trainer_for(keys, installed_falconet_plugins)
     batch = batches(trainer, 1)[0]

@@ -8,10 +8,10 @@ graphs, for a family whose loss is static-shaped.
   and the padded boxes of the batch (powers of two, :mod:`falconet.data.targets`). A batch
   that fits a recorded bucket of the same image shape is padded up to the smallest such
   bucket (padding is ignored by the loss) and replayed; another key is counted and recorded
-  on its ``capture_after``-th call, once the optimizer has its momentum buffers (its first
-  eager step makes them). Until then the runner returns ``None`` and the trainer runs the
-  step eagerly, so a batch with more boxes than any bucket runs eager until its larger bucket
-  has repeated;
+  on its ``capture_after``-th call (at the largest ``M`` recorded so far: ``_widened``),
+  once the optimizer has its momentum buffers (its first eager step makes them). Until then
+  the runner returns ``None`` and the trainer runs the step eagerly, so a batch with more
+  boxes than any bucket runs eager until its larger bucket has repeated;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
   every key, is the optimizer step (clip, SGD, EMA, zero gradients), replayed on the batches
   that update the weights (every ``accumulate``-th). Learning rates, momenta and the EMA weight
@@ -125,6 +125,7 @@ class WholeStepRunner:
         seen = self.seen[key] = self.seen.get(key, 0) + 1
         if seen < self.capture_after:
             return None
+        bucket = self._widened(image_key, bucket)
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
         try:
@@ -152,3 +153,14 @@ class WholeStepRunner:
             bucket,
         )
         return recording
+
+    def _widened(self, image_key: tuple, bucket: tuple[int, ...]) -> tuple[int, ...]:
+        """The bucket to record a batch of ``bucket`` in. With the per-box view (``(M, N)``)
+        the slots per image ``M`` cost next to nothing (``tal`` works on the ``N`` boxes and
+        only gathers from ``[B, M]``), so a recording takes the largest ``M`` recorded so far:
+        recordings then differ in ``N`` alone, and a run makes few of them (each costs a
+        capture and ``capture_after`` eager batches). Per slot (``(M,)``) the bucket stays."""
+        recorded = self.micros.get(image_key, ())
+        if len(bucket) < 2 or not recorded:
+            return bucket
+        return (max(bucket[0], *(r.bucket[0] for r in recorded)), *bucket[1:])
