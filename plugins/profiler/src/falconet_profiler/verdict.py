@@ -213,9 +213,9 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                 why = (
                     "BatchNorm runs on cuDNN in fp16 and on slower native kernels in bf16 "
                     "(yolo-n's BatchNorms on an H200 at batch 16: 2.4 against 3.9 ms; "
-                    "whole-step 13.5 against 14.2 ms, at batch 64 37.6 against 44.0 ms, "
-                    "docs/performance.md); fp16 adds a gradient scaler, which graph=whole-step "
-                    "carries with SGD only"
+                    "whole-step 13.3 against 14.4 ms, at batch 64 34.1 against 40.8 ms, and "
+                    "the same mAP on the overfit check, docs/performance.md); fp16 adds a "
+                    "gradient scaler, which graph=whole-step carries with SGD only"
                 )
                 out.append(_lever("amp_dtype", "fp16", why))
             if c.graph == "whole-step" and c.fuse == "none":
