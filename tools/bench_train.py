@@ -586,6 +586,10 @@ def main() -> None:
     data_yaml = repeated_dataset(args.data, args.repeat_data, tmp / "data")
     results: list[dict] = []
     settings = vars(args) | {"data": str(args.data), "out": str(args.out)}
+    # what changes a compiled arm without showing in its name (levers_runs.sh's inductor_env)
+    settings["environment"] = {
+        k: v for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")
+    }
 
     def save() -> None:
         if args.out:

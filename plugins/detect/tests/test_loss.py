@@ -118,3 +118,22 @@ def test_loss_under_bf16_autocast_is_computed_in_fp32(assigner):
     outside, _ = YoloLoss(assigner)(outputs, batch)
     assert inside.dtype == torch.float32
     assert inside.item() == outside.item()
+
+
+def test_an_assigner_without_box_rows_is_called_as_before():
+    """An assigner written before the per-box view (no ``box_rows`` parameter) still trains:
+    the loss calls it without the rows, and the loss is the same as with ``tal`` per box."""
+    from falconet.data.targets import box_rows
+
+    class PerSlotOnly:
+        name, summary = "per-slot-only", "an assigner with the original signature"
+
+        def __call__(self, pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels,
+                     gt_counts, anchor_strides=None):  # fmt: skip
+            return TAL(pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels, gt_counts)
+
+    box, cls, anchors, strides, batch = tiny_outputs()
+    batch["box_images"], batch["box_slots"] = box_rows(batch["counts"])
+    old, _ = YoloLoss(PerSlotOnly())((box, cls, anchors, strides), batch)
+    new, _ = YoloLoss(TAL)((box, cls, anchors, strides), batch)
+    assert torch.equal(old, new)

@@ -142,7 +142,8 @@ class Assigner(Protocol):
         :param box_rows: ``(box_images [N], box_slots [N])``, the batch's real boxes
             (:mod:`falconet.data.targets`), when the loss has them; an assigner may use them
             to work on ``N`` boxes instead of ``B x M`` slots, and must give the same
-            assignment either way, or ignore them.
+            assignment either way, or ignore them. One without this parameter is called
+            without it.
 
         Each anchor is assigned at most one ground-truth box.
         """

@@ -9,6 +9,7 @@ averaging gradients across processes is DDP's job, not the loss's.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 
 import torch
@@ -36,6 +37,7 @@ class YoloLoss:
     def __init__(self, assigner: Assigner, gains: Mapping[str, float] | None = None) -> None:
         self.assigner = assigner
         self.gains = dict(GAINS, **(gains or {}))
+        self._rows = takes_box_rows(assigner)
         self._bins: dict[tuple, torch.Tensor] = {}
 
     def __call__(
@@ -59,6 +61,7 @@ class YoloLoss:
         bins = self._bins[key]
         distances = box_logits.view(b, a, 4, REG_MAX).softmax(-1) @ bins
         pred_boxes = decode(distances, anchors, strides)
+        rows = self._rows and "box_images" in batch
         target = self.assigner(
             cls_logits.detach().sigmoid(),
             pred_boxes.detach(),
@@ -67,7 +70,7 @@ class YoloLoss:
             batch["labels"],
             batch["counts"],
             anchor_strides=strides,
-            box_rows=(batch["box_images"], batch["box_slots"]) if "box_images" in batch else None,
+            **({"box_rows": (batch["box_images"], batch["box_slots"])} if rows else {}),
         )
         norm = target.scores.sum().clamp(min=1.0)
         cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm
@@ -95,3 +98,13 @@ class YoloLoss:
             + log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1) * right_weight
         )
         return loss.mean(-1)
+
+
+def takes_box_rows(assigner: Assigner) -> bool:
+    """Whether ``assigner`` accepts ``box_rows`` (a parameter of that name or ``**kwargs``):
+    an assigner written before the per-box view existed is called as it was."""
+    try:
+        parameters = inspect.signature(assigner).parameters.values()
+    except (TypeError, ValueError):  # a callable without an inspectable signature
+        return False
+    return any(p.name == "box_rows" or p.kind is p.VAR_KEYWORD for p in parameters)
