@@ -17,6 +17,7 @@ from falconet.training.phases import NO_PHASES
 from falconet.training.setup import callback_names, plan_run
 from falconet.training.trainer import Trainer
 from falconet_profiler.callback import Profiler
+from falconet_profiler.report import format_report
 from falconet_profiler.window import PhaseClock
 
 
@@ -217,6 +218,56 @@ def test_the_window_waits_out_graph_captures(
     assert doc["window"]["warmup"] == clock_from
     assert doc["window"]["unsynced"] == doc["window"]["synced"] == 2
     assert doc["window"]["graph_captures"] == in_window
+
+
+class PendingUntil:
+    """A step runner standing in for whole-step in fp16: pending (every batch eager) until it
+    records at batch ``records_at``, then replaying, except the batches in ``eager_at``."""
+
+    def __init__(self, records_at: int, eager_at: set[int] = frozenset()) -> None:
+        self.records_at, self.eager_at, self.calls = records_at, eager_at, 0
+        self.counts = {"recorded": 0, "failed": 0, "eager": 0, "replayed": 0}
+
+    @property
+    def pending(self) -> bool:
+        return self.counts["recorded"] == 0
+
+    def __call__(self, images, targets, *, optimizer_step):
+        batch, self.calls = self.calls, self.calls + 1
+        if batch == self.records_at:
+            self.counts["recorded"] += 1
+        if self.pending or batch in self.eager_at:
+            self.counts["eager"] += 1
+        else:
+            self.counts["replayed"] += 1
+        return None  # the trainer's eager step runs either way; only the counts matter here
+
+
+@pytest.mark.parametrize(
+    ("records_at", "eager_at", "clock_from", "eager_in_window"),
+    [
+        # pending until batch 7 (fp16: the scaler skipped the first updates), a capture there:
+        # 2 clean batches (8, 9) first, so the window is batches 10-13
+        (7, set(), 10, 0),
+        (7, {11, 12}, 10, 2),  # replays, but two batches of the window ran eager: counted
+    ],
+)
+def test_the_window_waits_for_a_pending_step_runner(
+    keys, installed_falconet_plugins, records_at, eager_at, clock_from, eager_in_window
+):
+    plan = plan_run(
+        {**keys, "epochs": 6, "profile": "true", "profile_warmup": 2, "profile_steps": 4},
+        installed_falconet_plugins,
+    )
+    trainer = Trainer(plan, installed_falconet_plugins, [Profiler(), seen := PhasesSeen()])
+    trainer.step_runner = PendingUntil(records_at, eager_at)
+    summary = trainer.fit()
+    assert seen.kinds[clock_from - 1 : clock_from + 3] == ["clock"] * 4
+    assert "clock" not in seen.kinds[: clock_from - 1]
+    doc = json.loads((Path(summary["run_dir"]) / "profile.json").read_text())
+    assert doc["window"]["warmup"] == clock_from
+    assert doc["window"]["eager_batches"] == eager_in_window
+    assert ("ran eagerly under graph=" in format_report(doc)) == bool(eager_in_window)
 
 
 class DrainSeen(Profiler):

@@ -50,6 +50,7 @@ def test_the_run_folder_holds_the_four_files(profiled_run: Path):
         "synced": 3,
         "complete": True,
         "graph_captures": 0,
+        "eager_batches": 0,
     }
     assert doc["verdict"]["name"] in ("compute", "dataloader")
     assert doc["verdict"]["gpu_trace"] is False

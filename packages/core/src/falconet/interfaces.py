@@ -237,7 +237,10 @@ class GraphBackend(Protocol):
 
     A wrapper or runner that records graphs as it goes may expose ``counts``, a dict whose
     ``recorded`` and ``failed`` entries count its captures: falconet-profiler starts its
-    window only after they stop changing, so a capture is not timed as a training step.
+    window only after they stop changing, so a capture is not timed as a training step. A
+    runner may also expose ``pending`` (bool), true while it will record but has not yet (its
+    batches run eagerly meanwhile): the profiler waits that out too, so it does not time the
+    eager steps as the backend's.
     """
 
     name: str

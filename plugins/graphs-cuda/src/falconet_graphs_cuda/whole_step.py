@@ -88,6 +88,13 @@ class WholeStepRunner:
         self.failed: str | None = None
         self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "failed": 0}
 
+    @property
+    def pending(self) -> bool:
+        """Nothing recorded yet, and nothing failed: every batch runs eagerly until the first
+        recording (for one, the optimizer needs its state: with fp16, the gradient scaler skips
+        the first updates while it lowers its scale, and no state exists before a taken one)."""
+        return self.failed is None and not self.micros
+
     def __call__(
         self, images: torch.Tensor, targets: dict[str, torch.Tensor], *, optimizer_step: bool
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:

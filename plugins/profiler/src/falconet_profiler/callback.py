@@ -21,7 +21,11 @@ starts only after ``profile_warmup`` batches in a row without one (at most
 ``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
 ``profile.json`` (``window.graph_captures``). Captures are read from the backend's wrappers,
 whose ``counts["recorded"]`` and ``counts["failed"]`` say how many it has tried
-(:func:`graph_captures`).
+(:func:`graph_captures`). A step runner that is ``pending`` (it will record but has not yet;
+whole-step in fp16, whose optimizer has no state while the gradient scaler skips its first
+updates) moves the window the same way, so the eager batches before its first recording are
+not timed as the backend's; batches it ran eagerly inside the window anyway are counted
+(``window.eager_batches``) and the report says so.
 
 Distributed runs: rank 0 profiles; the other ranks count the same batches without timing
 anything, so with ``profile_then_stop`` every rank stops after the same batch.
@@ -56,6 +60,17 @@ def graph_captures(trainer: Trainer) -> int:
         if isinstance(counts, dict):
             total += int(counts.get("recorded", 0)) + int(counts.get("failed", 0))
     return total
+
+
+def runner_pending(trainer: Trainer) -> bool:
+    """Whether the run's step runner will record but has not yet (its ``pending``)."""
+    return bool(getattr(trainer.step_runner, "pending", False))
+
+
+def runner_eager(trainer: Trainer) -> int:
+    """Batches the run's step runner has left to the eager step so far (0 without one)."""
+    counts = getattr(trainer.step_runner, "counts", None)
+    return int(counts.get("eager", 0)) if isinstance(counts, dict) else 0
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -101,6 +116,8 @@ class Profiler:
         self.memory: list[dict[str, Any]] = []
         self.captures = graph_captures(trainer)
         self.captures_in_window = 0
+        self.eager = runner_eager(trainer)
+        self.eager_in_window = 0
         self._prepare(trainer)
 
     def on_step_end(self, trainer: Trainer) -> None:
@@ -114,6 +131,10 @@ class Profiler:
             record.images = _images_in(trainer, trainer.batch_in_epoch)
             self.records.append(record)
         self._follow_captures(trainer)
+        eager = runner_eager(trainer)
+        if eager != self.eager and self.window.part(self.seen) in ("unsynced", "synced"):
+            self.eager_in_window += 1
+        self.eager = eager
         self.seen += 1
         if self.window.part(self.seen) == "after":
             self._finish(trainer)
@@ -151,25 +172,30 @@ class Profiler:
             torch.cuda.synchronize(trainer.device)
 
     def _follow_captures(self, trainer: Trainer) -> None:
-        """After batch ``self.seen``: if the graph backend captured during it, start the
-        window ``profile_warmup`` batches later (dropping an unsynchronised half begun), or,
-        in the synchronised half or past the wait limit, count the capture."""
+        """After batch ``self.seen``: if the graph backend captured during it, or its step
+        runner is still pending, start the window ``profile_warmup`` batches later (dropping
+        an unsynchronised half begun), or, in the synchronised half or past the wait limit,
+        count the capture."""
         captures = graph_captures(trainer)
-        if captures == self.captures:
-            return
+        captured = captures != self.captures
         self.captures = captures
+        pending = runner_pending(trainer)
+        if not (captured or pending):
+            return
         part = self.window.part(self.seen)
         warmup = trainer.cfg.profile_warmup
         start = self.seen + 1 + warmup
         if part not in ("warmup", "unsynced") or start > warmup + MAX_WAIT_BATCHES:
-            self.captures_in_window += 1
+            self.captures_in_window += captured
             return
         if part == "unsynced" and self.measuring:
-            log.info("profiler: a graph capture at batch %d; the window starts again", self.seen)
+            why = "a graph capture" if captured else "the step runner still eager"
+            log.info("profiler: %s at batch %d; the window starts again", why, self.seen)
             trainer.phases = self.original_phases
             self.clock.batch = None
             self.records.clear()
             self.memory.clear()
+            self.eager_in_window = 0
         self.window = Window(max(start, self.window.warmup), self.window.steps)
 
     def _prepare(self, trainer: Trainer) -> None:
@@ -333,6 +359,7 @@ class Profiler:
                 "synced": len(slow),
                 "complete": self.seen >= self.window.end,
                 "graph_captures": self.captures_in_window,
+                "eager_batches": self.eager_in_window,
             },
             "unsynced": unsynced,
             "synced": synced,

@@ -191,6 +191,12 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
             f"  note: {window['graph_captures']} graph capture(s) in the synchronised half; "
             "its phase and kernel times include them (raise profile_warmup)"
         )
+    if window.get("eager_batches"):
+        lines.append(
+            f"  note: {window['eager_batches']} of the window's batches ran eagerly under "
+            f"graph={run['graph']} (it had not recorded their shape or target bucket); "
+            "raise profile_warmup to time its replays"
+        )
     spread = fast["step_ms"]["std"]
     per_update = f"; {_num(e['update_ms'])} ms per optimizer step" if run["accumulate"] > 1 else ""
     lines.append(
