@@ -148,7 +148,7 @@ def gpu_profile(step, steps: int = 20) -> dict:
 def run_falconet(args) -> dict:
     import torch
 
-    from falconet.data.targets import TARGET_KEYS
+    from falconet.data.targets import TARGET_KEYS, target_bucket
     from falconet.plugins import get_plugins
     from falconet.training.setup import plan_run
     from falconet.training.trainer import Trainer
@@ -203,6 +203,7 @@ def run_falconet(args) -> dict:
         device = trainer.device
         images = batch["images"].to(device).float().div_(255)
         targets = {k: batch[k].to(device) for k in TARGET_KEYS}
+        result["bucket"] = target_bucket(targets)  # (M, N): what the loss's assigner works on
 
         def step() -> None:
             trainer.train_batch(images, targets, optimizer_step=True)
