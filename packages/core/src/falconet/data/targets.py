@@ -10,11 +10,11 @@ boxes, both static-shaped per bucket:
   image ``B`` (no image) and slot 0.
 
 With mosaic, one image's box count is several times the mean, so most of ``[B, M]`` is padding
-(on COCO128 at batch 16, ``M`` is 64 for 90-150 real boxes: one row in eight is real). An
-assigner that works per box (``tal``) does an eighth of the work; docs/performance.md has the
-measurement. The **bucket** of a batch is ``(M, N)``: a graph backend records one graph per
-bucket and replays a batch in any recorded bucket at least as large, padded up to it with
-:func:`pad_targets`.
+(on COCO128 at batch 16, ``M`` was 64 in half the batches measured, for 90-150 real boxes:
+one slot in eight real), and an assigner that works per box (``tal``) does that much less
+work; docs/performance.md has the measurements. The **bucket** of a batch is ``(M, N)``: a
+graph backend records one graph per bucket and replays a batch in any recorded bucket at
+least as large, padded up to it with :func:`pad_targets`.
 """
 
 from __future__ import annotations
