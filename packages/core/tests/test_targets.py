@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from falconet.data.targets import box_rows, fits, pad_targets, target_bucket
+from falconet.data.targets import box_rows, fits, pad_targets, takes_box_rows, target_bucket
 
 
 def padded_targets(counts: list[int], slots: int) -> dict[str, torch.Tensor]:
@@ -58,3 +58,16 @@ def test_targets_without_the_per_box_view_pad_per_slot_only():
     assert target_bucket(targets) == (8,)
     padded = pad_targets(targets, (16,))
     assert padded["boxes"].shape == (2, 16, 4) and "box_images" not in padded
+
+
+def test_takes_box_rows_reads_the_signature():
+    class New:
+        def __call__(self, scores, boxes, box_rows=None): ...
+
+    class Old:
+        def __call__(self, scores, boxes, anchor_strides=None): ...
+
+    def open_ended(*args, **kwargs): ...
+
+    assert takes_box_rows(New()) and takes_box_rows(open_ended)
+    assert not takes_box_rows(Old()) and not takes_box_rows(max)  # max: no signature

@@ -9,12 +9,12 @@ averaging gradients across processes is DDP's job, not the loss's.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
+from falconet.data.targets import takes_box_rows
 from falconet.interfaces import Assigner
 from falconet_detect.boxes import ciou, decode, encode
 from falconet_detect.network import REG_MAX
@@ -98,13 +98,3 @@ class YoloLoss:
             + log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1) * right_weight
         )
         return loss.mean(-1)
-
-
-def takes_box_rows(assigner: Assigner) -> bool:
-    """Whether ``assigner`` accepts ``box_rows`` (a parameter of that name or ``**kwargs``):
-    an assigner written before the per-box view existed is called as it was."""
-    try:
-        parameters = inspect.signature(assigner).parameters.values()
-    except (TypeError, ValueError):  # a callable without an inspectable signature
-        return False
-    return any(p.name == "box_rows" or p.kind is p.VAR_KEYWORD for p in parameters)

@@ -19,6 +19,9 @@ least as large, padded up to it with :func:`pad_targets`.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
 import torch
 
 from falconet.data.transforms import next_bucket
@@ -77,3 +80,13 @@ def pad_targets(
         out["box_images"] = torch.cat((images, images.new_full((pad,), targets["boxes"].shape[0])))
         out["box_slots"] = torch.cat((slots, slots.new_zeros(pad)))
     return out
+
+
+def takes_box_rows(assigner: Callable) -> bool:
+    """Whether ``assigner`` accepts ``box_rows`` (a parameter of that name or ``**kwargs``):
+    an assigner written before the per-box view existed is called without it."""
+    try:
+        parameters = inspect.signature(assigner).parameters.values()
+    except (TypeError, ValueError):  # a callable without an inspectable signature
+        return False
+    return any(p.name == "box_rows" or p.kind is p.VAR_KEYWORD for p in parameters)

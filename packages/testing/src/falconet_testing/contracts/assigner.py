@@ -98,8 +98,10 @@ class AssignerContract:
         the assignment is the same bit for bit, also with padding rows beyond them."""
         import torch
 
-        from falconet.data.targets import box_rows
+        from falconet.data.targets import box_rows, takes_box_rows
 
+        if not takes_box_rows(self.assigner):
+            pytest.skip("this assigner takes no box_rows; losses call it without them")
         inputs, out = case
         images, slots = box_rows(inputs["gt_counts"])
         images = torch.cat((images, images.new_full((spare,), len(inputs["gt_counts"]))))
