@@ -385,6 +385,30 @@ def test_fuse_without_whole_step_is_ignored_with_a_warning(
     assert "graph=eager, so it is ignored" in caplog.text
 
 
+def scaled_trainer(keys, plugins, recorder=None, **scaler) -> Trainer:
+    """A trainer with fp16's gradient scaler (float32 on the CPU: ``scaler`` sets a scale high
+    enough to overflow), and a whole-step runner when ``recorder`` is given."""
+    trainer = Trainer(plan_run(keys, plugins), plugins)
+    trainer.scaler = torch.amp.GradScaler("cpu", **scaler)
+    if recorder is not None:
+        trainer.step_runner = WholeStepRunner(trainer, recorder)
+    return trainer
+
+
+def run_scaled(trainer, data, targets_of=lambda t: t):
+    """Losses of every batch and the scale after every update."""
+    losses, scales = [], []
+    for i, batch in enumerate(data):
+        images = batch["images"].float().div_(255)
+        targets = targets_of({k: batch[k] for k in TARGET_KEYS})
+        update = (i + 1) % trainer.accumulate == 0
+        loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
+        losses.append(float(loss.detach()))
+        if update:
+            scales.append(trainer.scaler.get_scale())
+    return losses, scales
+
+
 def test_the_static_step_with_a_gradient_scaler_matches_the_eager_scaler(
     keys, installed_falconet_plugins
 ):
@@ -393,37 +417,17 @@ def test_the_static_step_with_a_gradient_scaler_matches_the_eager_scaler(
     after clean steps, as ``GradScaler`` does on the host. The scale starts high and grows
     fast, so that replayed updates both overflow and go through."""
     plugins = installed_falconet_plugins
-
-    def scaled(recorder=None) -> Trainer:
-        trainer = Trainer(plan_run(keys, plugins), plugins)
-        trainer.scaler = torch.amp.GradScaler(
-            "cpu",
-            init_scale=2.0**110,
-            growth_factor=2.0**8,
-            backoff_factor=2.0**-8,
-            growth_interval=1,
-        )
-        if recorder is not None:
-            trainer.step_runner = WholeStepRunner(trainer, recorder)
-        return trainer
-
-    def run(trainer, data):
-        losses, scales = [], []
-        for i, batch in enumerate(data):
-            images = batch["images"].float().div_(255)
-            targets = {k: batch[k] for k in TARGET_KEYS}
-            update = (i + 1) % trainer.accumulate == 0
-            loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
-            losses.append(float(loss.detach()))
-            if update:
-                scales.append(trainer.scaler.get_scale())
-        return losses, scales
-
-    eager = scaled()
-    whole = scaled(EagerStepRecorder())
+    scaler = {
+        "init_scale": 2.0**110,
+        "growth_factor": 2.0**8,
+        "backoff_factor": 2.0**-8,
+        "growth_interval": 1,
+    }
+    eager = scaled_trainer(keys, plugins, **scaler)
+    whole = scaled_trainer(keys, plugins, EagerStepRecorder(), **scaler)
     data = batches(eager, 16)
-    reference, reference_scales = run(eager, data)
-    got, scales = run(whole, data)
+    reference, reference_scales = run_scaled(eager, data)
+    got, scales = run_scaled(whole, data)
     counts = whole.step_runner.counts
     assert counts["recorded"] >= 1 and counts["replayed"] >= 6 and counts["failed"] == 0
     assert scales == reference_scales
@@ -431,4 +435,23 @@ def test_the_static_step_with_a_gradient_scaler_matches_the_eager_scaler(
     steps = list(itertools.pairwise(replayed_updates))
     assert any(b < a for a, b in steps) and any(b > a for a, b in steps)  # skipped and taken
     assert got == reference
+    assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
+
+
+def test_fp16_records_before_the_scalers_first_taken_update(keys, installed_falconet_plugins):
+    """The scaler's first updates overflow and are skipped, so torch's SGD has made no momentum
+    buffer yet; whole-step makes them as zeros and records on the third batch all the same,
+    and trains bit for bit as eager does (whose first taken step copies the gradient)."""
+    plugins = installed_falconet_plugins
+    scaler = {"init_scale": 2.0**127, "backoff_factor": 0.5, "growth_interval": 1000}
+    eager = scaled_trainer(keys, plugins, **scaler)
+    whole = scaled_trainer(keys, plugins, EagerStepRecorder(), **scaler)
+    data = batches(eager, 12)
+    one_bucket = lambda t: pad_targets(t, (32, 64))  # noqa: E731
+    reference, reference_scales = run_scaled(eager, data, one_bucket)
+    skipped = sum(b < a for a, b in itertools.pairwise([2.0**127, *reference_scales]))
+    assert skipped >= 2 and reference_scales[-1] == reference_scales[-2]  # skipped, then taken
+    got, scales = run_scaled(whole, data, one_bucket)
+    assert whole.step_runner.counts == {"replayed": 10, "eager": 2, "recorded": 1, "failed": 0}
+    assert scales == reference_scales and got == reference
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))

@@ -123,8 +123,31 @@ class StaticStep:
         return functional_call(self.network, leaves, (images,))
 
     # ------------------------------------------------------------------------ host to device
+    def make_state(self) -> None:
+        """Give SGD its momentum buffers before its first step, as zeros.
+
+        The update graph reads and writes the optimizer's state, so nothing can be recorded
+        before that state exists; torch's SGD makes a buffer on its first step as a copy of
+        the gradient. With fp16 that first step waits for the gradient scaler's first taken
+        update (the first ones overflow while the scale comes down: about 30 batches at batch
+        16), so the whole step would run eagerly all that while. A zero buffer gives the same
+        numbers: torch's step with a buffer is ``b = momentum x b + (1 - dampening) x g``, and
+        with ``dampening`` 0 that is ``0 + g = g``, exactly (at most a zero's sign differs).
+        torch's own step takes these buffers as it takes its own, so eager batches, checkpoints
+        and resume are unchanged. Not for AdamW (its state holds a host step count of torch's
+        making; it loses one eager batch) nor for a ``dampening`` other than 0."""
+        optimizer = self.trainer.optimizer
+        if self.adamw or any(g["dampening"] for g in optimizer.param_groups):
+            return
+        stepped = {id(p) for p in self.params}
+        for group in optimizer.param_groups:  # in torch's order, as its own step fills state
+            for param in group["params"]:
+                state = optimizer.state[param]
+                if id(param) in stepped and state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(param)
+
     def ready(self) -> bool:
-        """Whether the optimizer has its state (made by its first eager step)."""
+        """Whether the optimizer has its state (:meth:`make_state`, or its first eager step)."""
         state = self.trainer.optimizer.state
         key = "exp_avg" if self.adamw else "momentum_buffer"
         return all(state.get(p, {}).get(key) is not None for p in self.params)

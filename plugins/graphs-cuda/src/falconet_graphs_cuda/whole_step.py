@@ -9,7 +9,8 @@ graphs, for a family whose loss is static-shaped.
   that fits a recorded bucket of the same image shape is padded up to the smallest such
   bucket (padding is ignored by the loss) and replayed; another key is counted and recorded
   on its ``capture_after``-th call (at the largest ``M`` recorded so far: ``_widened``),
-  once the optimizer has its momentum buffers (its first eager step makes them). Until then
+  once the optimizer has its state (SGD's momentum buffers are made as zeros on the first
+  call, :meth:`StaticStep.make_state`; AdamW's by its first eager step). Until then
   the runner returns ``None`` and the trainer runs the step eagerly, so a batch with more
   boxes than any bucket runs eager until its larger bucket has repeated;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
@@ -91,8 +92,7 @@ class WholeStepRunner:
     @property
     def pending(self) -> bool:
         """Nothing recorded yet, and nothing failed: every batch runs eagerly until the first
-        recording (for one, the optimizer needs its state: with fp16, the gradient scaler skips
-        the first updates while it lowers its scale, and no state exists before a taken one)."""
+        recording (a key must repeat ``capture_after`` times; AdamW's state must exist)."""
         return self.failed is None and not self.micros
 
     def __call__(
@@ -126,7 +126,10 @@ class WholeStepRunner:
         targets: dict[str, torch.Tensor],
         bucket: tuple[int, ...],
     ) -> MicroRecording | None:
-        if self.failed is not None or not self.step.ready():
+        if self.failed is not None:
+            return None
+        self.step.make_state()  # after the trainer's resume: a restored state is kept
+        if not self.step.ready():
             return None
         key = (image_key, bucket)
         seen = self.seen[key] = self.seen.get(key, 0) + 1

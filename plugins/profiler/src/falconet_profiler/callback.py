@@ -21,9 +21,9 @@ starts only after ``profile_warmup`` batches in a row without one (at most
 ``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
 ``profile.json`` (``window.graph_captures``). Captures are read from the backend's wrappers,
 whose ``counts["recorded"]`` and ``counts["failed"]`` say how many it has tried
-(:func:`graph_captures`). A step runner that is ``pending`` (it will record but has not yet;
-whole-step in fp16, whose optimizer has no state while the gradient scaler skips its first
-updates) moves the window the same way, so the eager batches before its first recording are
+(:func:`graph_captures`). A step runner that is ``pending`` (it will record but has not yet:
+whole-step before its first key has repeated, or with AdamW before its first step) moves the
+window the same way, so the eager batches before its first recording are
 not timed as the backend's; batches it ran eagerly inside the window anyway are counted
 (``window.eager_batches``) and the report says so.
 
