@@ -21,6 +21,8 @@
 #              are the fused network's gradients further from fp32 than eager's
 #   assigner   tools/bench_assigner.py: the TAL assigner per slot against per box (the
 #              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
+#   blocks     tools/bench_blocks.py: the network's forward and backward before and after the
+#              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
 #              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run
@@ -73,6 +75,9 @@ job() {  # name, gpu
         --device cuda > "$OUT/repro.json" 2> /tmp/logs/precision-gpu$2.err
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 300 python fused_precision.py --device cuda \
         --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
+    blocks)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 240 python bench_blocks.py --batch 16,64 \
+        --amp fp16,bf16 --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
         --arms "${overfit_arms:-$ws:fuse=inductor-all:seed=0}" --amp "${overfit_amp:-bf16}" \

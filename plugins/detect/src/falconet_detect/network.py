@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from falconet_detect.blocks import SPPF, C2f, Conv
+from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x
 
 STRIDES = (8, 16, 32)
 REG_MAX = 16
@@ -52,6 +52,13 @@ def _branch(c_in: int, hidden: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(
         Conv(c_in, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, c_out, 1)
     )
+
+
+def _cells(x: torch.Tensor) -> torch.Tensor:
+    """``[B, C, H, W] -> [B, H x W, C]``: a view of a channels-last map (the trainer's layout),
+    so the levels' concatenation is the head's only copy and the loss reads contiguous rows
+    (the DFL softmax runs along them)."""
+    return x.permute(0, 2, 3, 1).flatten(1, 2)
 
 
 class DetectHead(nn.Module):
@@ -111,12 +118,12 @@ class DetectHead(nn.Module):
     def forward(
         self, features: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        box = torch.cat([b(f).flatten(2) for b, f in zip(self.box, features, strict=True)], 2)
-        cls = torch.cat([c(f).flatten(2) for c, f in zip(self.cls, features, strict=True)], 2)
+        box = torch.cat([_cells(b(f)) for b, f in zip(self.box, features, strict=True)], 1)
+        cls = torch.cat([_cells(c(f)) for c, f in zip(self.cls, features, strict=True)], 1)
         anchors, strides = self.grid(
             [tuple(f.shape[2:]) for f in features], box.device, torch.float32
         )
-        return box.transpose(1, 2), cls.transpose(1, 2), anchors, strides
+        return box, cls, anchors, strides
 
 
 class YoloNet(nn.Module):
@@ -133,7 +140,7 @@ class YoloNet(nn.Module):
         self.stage5 = nn.Sequential(
             Conv(c(512), c(1024), 3, 2), C2f(c(1024), c(1024), n(3), True), SPPF(c(1024), c(1024))
         )
-        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.up = Upsample2x()
         self.top4 = C2f(c(1024) + c(512), c(512), n(3), False)
         self.top3 = C2f(c(512) + c(256), c(256), n(3), False)
         self.down3 = Conv(c(256), c(256), 3, 2)
