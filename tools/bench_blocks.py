@@ -77,7 +77,9 @@ def pass_fn(net: nn.Module, images: torch.Tensor, amp: torch.dtype | None):
         dfl = box.float().view(b, a, 4, -1).log_softmax(-1)
         loss = dfl[..., 0].sum() * 1e-4 - cls.float().sigmoid().sum() * 1e-4
         grads = torch.autograd.grad(loss, params)
-        return box, cls, grads
+        # detached: outputs that kept the autograd graph alive would keep its AccumulateGrad
+        # nodes, and with them the stream of this call, into the next (a capture then fails)
+        return box.detach(), cls.detach(), grads
 
     return run
 
@@ -134,6 +136,7 @@ def main() -> None:
                 }
                 for name in VARIANTS
             }
+            del first
             for _ in range(args.rounds if timed else 0):
                 for name, net in nets.items():
                     rows[name]["ms"].append(
