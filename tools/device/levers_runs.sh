@@ -21,7 +21,7 @@
 #              are the fused network's gradients further from fp32 than eager's
 #   assigner   tools/bench_assigner.py: the TAL assigner per slot against per box (the
 #              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
-#   blocks     tools/bench_blocks.py: the network's forward and backward before and after the
+#   blocks     tools/bench_blocks.py: a training pass (network, loss, backward) before and after the
 #              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each

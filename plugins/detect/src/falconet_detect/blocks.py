@@ -65,20 +65,7 @@ class SPPF(nn.Module):
         hidden = c_in // 2
         self.cv1 = Conv(c_in, hidden, 1)
         self.cv2 = Conv(hidden * 4, c_out, 1)
-        self.k = k
-
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """A ``k x k`` max-pool (stride 1, same size) as a ``1 x k`` pool, then a ``k x 1`` one.
-
-        The same maxima, and the same winner of a tie (the first in row-major order: the row
-        pass keeps each row's first maximum, the column pass the first row holding the
-        maximum), so the gradient goes where the square pool sends it; ``2k`` reads per output
-        instead of ``k^2`` (PyTorch's channels-last max-pool kernels were 0.48 ms of a 13 ms
-        step at batch 16 on the H200, ``tools/bench_blocks.py``). The backward sums an
-        output's gradient in two steps, so it can round differently from the square pool's."""
-        pad = self.k // 2
-        x = F.max_pool2d(x, (1, self.k), 1, (0, pad))
-        return F.max_pool2d(x, (self.k, 1), 1, (pad, 0))
+        self.pool = nn.MaxPool2d(k, 1, k // 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.cv1(x)
