@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import tempfile
 import types
 from pathlib import Path
@@ -41,10 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent))
-from check_graphs import build, fetch_batches  # noqa: E402  (tools/ is not a package)
+from check_graphs import build, fetch_batches  # tools/ is on the path
 
-from falconet.data.targets import TARGET_KEYS  # noqa: E402
+from falconet.data.targets import TARGET_KEYS
 
 VARIANTS = ("before", "up", "head", "pool", "after")
 
