@@ -38,9 +38,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from check_graphs import build, fetch_batches  # tools/ is on the path
+from torch import nn
 
 from falconet.data.targets import TARGET_KEYS
 
