@@ -71,3 +71,38 @@ class TestYoloFamilyContract(FamilyContract):
     family = YoloFamily()
     model = "yolo-n"
     assigner = TAL
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_upsampling_keeps_the_input_dtype_and_values(dtype):
+    """The neck's upsampling copies values in the input's dtype under autocast (CUDA's autocast
+    runs ``upsample_nearest2d`` in float32, which made the neck's concatenations float32 there;
+    tools/bench_blocks.py measures it on the GPU)."""
+    from falconet_detect.blocks import Upsample2x
+
+    x = torch.randn(2, 8, 5, 7).to(dtype).contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cpu", torch.bfloat16):
+        up = Upsample2x()(x)
+    assert up.dtype == dtype and up.shape == (2, 8, 10, 14)
+    assert torch.equal(up, x.repeat_interleave(2, 2).repeat_interleave(2, 3))
+    assert up.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_head_rows_are_the_levels_cells_and_contiguous():
+    """``box`` and ``cls`` are ``[B, A, C]`` rows, level by level and cell by cell in row-major
+    order, as ``flatten(2)``, ``cat`` and a transpose gave; from channels-last maps they come
+    out contiguous (one copy: the concatenation), so the loss reads them row by row."""
+    net = YoloFamily().build_model("yolo-n", num_classes=5).train()
+    net = net.to(memory_format=torch.channels_last)
+    images = torch.rand(2, 3, 128, 96).contiguous(memory_format=torch.channels_last)
+    features = []
+    hook = net.head.register_forward_pre_hook(lambda _m, args: features.extend(args[0]))
+    with torch.no_grad():
+        box, cls, _, _ = net(images)
+        hook.remove()
+        levels = [(net.head.box, box), (net.head.cls, cls)]
+        for branches, rows in levels:
+            maps = [branch(f) for branch, f in zip(branches, features, strict=True)]
+            flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
+            assert torch.equal(rows, flat)
+            assert rows.is_contiguous()
