@@ -23,6 +23,8 @@
 #              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
 #   blocks     tools/bench_blocks.py: a training pass (network, loss, backward) before and after the
 #              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64
+#   update     tools/bench_update.py: the whole step's update (clip, SGD, scaler, EMA), whole and
+#              part by part, fp16 and bf16, batch 16
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
 #              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run
@@ -78,6 +80,9 @@ job() {  # name, gpu
     blocks)
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 240 python bench_blocks.py --batch 16,64 \
         --amp fp16,bf16 --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
+    update)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 180 python bench_update.py --batch 16 \
+        --amp fp16,bf16 --out "$OUT/update.json") > /tmp/logs/update-gpu$2.out 2> /tmp/logs/update-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
         --arms "${overfit_arms:-$ws:fuse=inductor-all:seed=0}" --amp "${overfit_amp:-bf16}" \

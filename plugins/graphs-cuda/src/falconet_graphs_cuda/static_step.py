@@ -223,32 +223,52 @@ class StaticStep:
     @torch.no_grad()
     def update(self) -> None:
         """Clip, SGD step, EMA update, zero the gradients: the trainer's optimizer phase
-        (with the scaler: unscale first, undo an overflowed step, update the scale)."""
-        trainer = self.trainer
+        (with the scaler: unscale first, undo an overflowed step, update the scale). Each part
+        is a method of its own, which ``tools/bench_update.py`` times on its own."""
         if self.scaler is not None:
             self._unscale()
-        if trainer.cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, trainer.cfg.clip_grad, foreach=True)
-        stepped = self.params + self.state_tensors()
+        self._clip()
         if self.scaler is not None:
-            if not self.kept:
-                self.kept = [torch.empty_like(t) for t in stepped]
-            torch._foreach_copy_(self.kept, stepped)
+            self._keep()
+        self._step()
+        if self.scaler is not None:
+            self._restore()
+            self._update_scale()
+        self._ema()
+        torch._foreach_zero_(self.grads)
+
+    def _clip(self) -> None:
+        if self.trainer.cfg.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.trainer.cfg.clip_grad, foreach=True)
+
+    def _keep(self) -> None:
+        """Copy the weights and the optimizer state, for :meth:`_restore`."""
+        stepped = self.params + self.state_tensors()
+        if not self.kept:
+            self.kept = [torch.empty_like(t) for t in stepped]
+        torch._foreach_copy_(self.kept, stepped)
+
+    def _step(self) -> None:
+        """The optimizer's step, group by group."""
         update = self._adamw if self.adamw else self._sgd
         for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
             params = [self.params[i] for i in group.indices]
             update(group, source, params, [self.grads[i] for i in group.indices])
-        if self.scaler is not None:
-            overflowed = self.found_inf > 0
-            for tensor, kept in zip(stepped, self.kept, strict=True):
-                torch.where(overflowed, kept, tensor, out=tensor)
-            self._update_scale()
+
+    def _restore(self) -> None:
+        """Put back what :meth:`_keep` copied where the scaler found an overflow (eager skips
+        ``optimizer.step()`` on the host instead)."""
+        overflowed = self.found_inf > 0
+        stepped = self.params + self.state_tensors()
+        for tensor, kept in zip(stepped, self.kept, strict=True):
+            torch.where(overflowed, kept, tensor, out=tensor)
+
+    def _ema(self) -> None:
         floats, others = self.ema_tensors()
         if floats[0]:
             torch._foreach_lerp_(*floats, [self.ema_weight] * len(floats[0]))
         if others[0]:
             torch._foreach_copy_(*others)
-        torch._foreach_zero_(self.grads)
 
     def _unscale(self) -> None:
         """``GradScaler.unscale_``: the gradients times ``1 / scale``, and ``found_inf`` set

@@ -1,0 +1,110 @@
+"""The whole step's update, part by part: where its milliseconds go.
+
+On the H200 the fp16 whole step at batch 16 takes 13.2 ms, of which the training pass
+(network, loss, backward; ``tools/bench_blocks.py``) is 11.1 ms: about 2 ms is the update that
+``graph=whole-step`` records once and replays after every accumulation window
+(``falconet_graphs_cuda.static_step.StaticStep.update``). This script times that update whole
+and each of its parts alone, each recorded as a CUDA graph and replayed (median of
+``--repeats`` replays after ``--warmup``, over ``--rounds`` rounds taken round-robin; the
+median of the rounds is reported): the scaler's unscale and overflow check (fp16), gradient
+clipping, the copy of weights and momentum an overflowed step restores (fp16), the SGD step,
+the restore itself (one ``where`` per tensor, fp16), the scale update (fp16), the EMA, and
+zeroing the gradients. The parts' sum against the whole says what recording them together
+saves. The trainer is the one ``train`` builds (SGD, the family's recipe) on ``--data``, its
+gradients those of one real batch.
+
+    cd tools && python bench_update.py --data ../.data/coco128/coco128.yaml --amp fp16,bf16 \\
+        --batch 16 --out update.json
+
+Without CUDA each part runs once eagerly (the script's own check) and nothing is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from check_graphs import build, fetch_batches  # tools/ is on the path
+
+from falconet.data.targets import TARGET_KEYS
+from falconet_graphs_cuda.static_step import StaticStep
+
+
+def parts(step: StaticStep) -> dict:
+    """Name -> the function that runs it; scaler parts only when a scaler is on."""
+    scaled = step.scaler is not None
+    named = {
+        "update (whole)": step.update,
+        "unscale": step._unscale if scaled else None,
+        "clip": step._clip,
+        "keep (copy)": step._keep if scaled else None,
+        "sgd": step._step,
+        "restore (where)": step._restore if scaled else None,
+        "scale update": step._update_scale if scaled else None,
+        "ema": step._ema,
+        "zero grads": lambda: torch._foreach_zero_(step.grads),
+    }
+    return {name: torch.no_grad()(fn) for name, fn in named.items() if fn is not None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../.data/coco128/coco128.yaml")
+    parser.add_argument("--model", default="yolo-n")
+    parser.add_argument("--batch", default="16")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--amp", default="fp16,bf16")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    timed = torch.cuda.is_available()
+    if timed:
+        from graph_replay import replay_ms
+    results = {"torch": torch.__version__, "rows": []}
+    results["device"] = torch.cuda.get_device_name() if timed else "cpu"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-update-"))
+    for amp in args.amp.split(","):
+        for batch_size in map(int, args.batch.split(",")):
+            keys = dict(
+                data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size,
+                workers=2, cache="ram", amp_dtype=amp, val=False, plots=False, epochs=1,
+                optimizer="sgd", project=str(tmp), exist_ok=True,
+                name=f"update-{amp}-b{batch_size}",
+            )  # fmt: skip
+            trainer = build(keys)
+            step = StaticStep(trainer)
+            step.make_state()
+            batch = fetch_batches(trainer, 1)[0]
+            images = batch["images"].to(trainer.device).float().div_(255)
+            targets = {k: batch[k].to(trainer.device) for k in TARGET_KEYS}
+            trainer.model.train()
+            step.bind()
+            step.micro(images, targets)  # real gradients in the static buffers
+            step.fill_scalars(update=True)
+            grads = [g.clone() for g in step.grads]
+            pieces = parts(step)
+            for fn in pieces.values():  # each part once: the check that it runs
+                fn()
+            torch._foreach_copy_(step.grads, grads)
+            times: dict[str, list[float]] = {name: [] for name in pieces}
+            for _ in range(args.rounds if timed else 0):
+                for name, fn in pieces.items():
+                    times[name].append(replay_ms(fn, args.warmup, args.repeats))
+                    torch._foreach_copy_(step.grads, grads)  # "zero grads" and the whole zero them
+            row = {"amp": amp, "batch": batch_size, "tensors": len(step.params)}
+            row["ms"] = {n: sorted(t)[len(t) // 2] if t else None for n, t in times.items()}
+            if timed:
+                row["parts_sum_ms"] = sum(v for n, v in row["ms"].items() if n != "update (whole)")
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
