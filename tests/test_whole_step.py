@@ -455,3 +455,26 @@ def test_fp16_records_before_the_scalers_first_taken_update(keys, installed_falc
     assert whole.step_runner.counts == {"replayed": 10, "eager": 2, "recorded": 1, "failed": 0}
     assert scales == reference_scales and got == reference
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
+
+
+def test_make_state_keeps_a_restored_momentum_buffer(keys, installed_falconet_plugins):
+    """Zero buffers only where the optimizer has none: a buffer a resume restored is kept, and
+    the state is filled in torch's order (the order ``optimizer.state`` iterates in)."""
+    from falconet_graphs_cuda.static_step import StaticStep
+
+    trainer = trainer_for(keys, installed_falconet_plugins)
+    step = StaticStep(trainer)
+    optimizer = trainer.optimizer
+    first = optimizer.param_groups[0]["params"][0]
+    restored = torch.full_like(first, 0.25)
+    optimizer.state[first]["momentum_buffer"] = restored
+    assert not step.ready()
+    step.make_state()
+    assert step.ready()
+    assert optimizer.state[first]["momentum_buffer"] is restored
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    assert [id(p) for p in optimizer.state] == [id(p) for p in ordered if p.requires_grad]
+    for param in step.params:
+        if param is not first:
+            buffer = optimizer.state[param]["momentum_buffer"]
+            assert buffer.shape == param.shape and float(buffer.abs().sum()) == 0
