@@ -85,7 +85,7 @@ def batches(trainer, n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def train(trainer, data, targets_of=lambda t: t):
+def train(trainer, data, targets_of=lambda t: t, after_update=lambda: None):
     losses = []
     for i, batch in enumerate(data):
         images = batch["images"].float().div_(255)
@@ -93,6 +93,8 @@ def train(trainer, data, targets_of=lambda t: t):
         update = (i + 1) % trainer.accumulate == 0
         loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
         losses.append(float(loss.detach()))
+        if update:
+            after_update()
     return losses
 
 
@@ -397,15 +399,8 @@ def scaled_trainer(keys, plugins, recorder=None, **scaler) -> Trainer:
 
 def run_scaled(trainer, data, targets_of=lambda t: t):
     """Losses of every batch and the scale after every update."""
-    losses, scales = [], []
-    for i, batch in enumerate(data):
-        images = batch["images"].float().div_(255)
-        targets = targets_of({k: batch[k] for k in TARGET_KEYS})
-        update = (i + 1) % trainer.accumulate == 0
-        loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
-        losses.append(float(loss.detach()))
-        if update:
-            scales.append(trainer.scaler.get_scale())
+    scales: list[float] = []
+    losses = train(trainer, data, targets_of, lambda: scales.append(trainer.scaler.get_scale()))
     return losses, scales
 
 

@@ -29,7 +29,6 @@ On a machine without CUDA only the comparison runs (fp32 or bf16 autocast on the
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import tempfile
@@ -38,10 +37,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from check_graphs import build, fetch_batches  # tools/ is on the path
+from first_batch import new_results, replay_parser, trainer_and_batch  # tools/ is on the path
 from torch import nn
-
-from falconet.data.targets import TARGET_KEYS
 
 VARIANTS = ("before", "up", "head", "pool", "after")
 
@@ -104,36 +101,16 @@ def compare(got, reference) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="../.data/coco128/coco128.yaml")
-    parser.add_argument("--model", default="yolo-n")
-    parser.add_argument("--batch", default="16")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--amp", default="fp16,bf16")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
+    parser = replay_parser(__doc__)
     args = parser.parse_args()
     timed = torch.cuda.is_available()
     if timed:
         from graph_replay import replay_ms
-    results = {"torch": torch.__version__, "rows": []}
-    results["device"] = torch.cuda.get_device_name() if timed else "cpu"
+    results = new_results()
     tmp = Path(tempfile.mkdtemp(prefix="bench-blocks-"))
     for amp in args.amp.split(","):
         for batch_size in map(int, args.batch.split(",")):
-            keys = dict(
-                data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size,
-                workers=2, cache="ram", amp_dtype=amp, val=False, plots=False, epochs=1,
-                project=str(tmp), exist_ok=True, name=f"blocks-{amp}-b{batch_size}",
-            )  # fmt: skip
-            trainer = build(keys)
-            batch = fetch_batches(trainer, 1)[0]
-            device = trainer.device
-            images = batch["images"].to(device).float().div_(255)
-            targets = {k: batch[k].to(device) for k in TARGET_KEYS}
-            trainer.model.train()
+            trainer, images, targets = trainer_and_batch(args, amp, batch_size, tmp, "blocks")
             nets = {name: variant(trainer.model, name) for name in VARIANTS}
             first = {n: pass_fn(net, trainer, images, targets)() for n, net in nets.items()}
             rows = {

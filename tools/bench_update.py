@@ -21,15 +21,13 @@ Without CUDA each part runs once eagerly (the script's own check) and nothing is
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 import torch
-from check_graphs import build, fetch_batches  # tools/ is on the path
+from first_batch import new_results, replay_parser, trainer_and_batch  # tools/ is on the path
 
-from falconet.data.targets import TARGET_KEYS
 from falconet_graphs_cuda.static_step import StaticStep
 
 
@@ -51,38 +49,20 @@ def parts(step: StaticStep) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default="../.data/coco128/coco128.yaml")
-    parser.add_argument("--model", default="yolo-n")
-    parser.add_argument("--batch", default="16")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--amp", default="fp16,bf16")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path)
+    parser = replay_parser(__doc__)
     args = parser.parse_args()
     timed = torch.cuda.is_available()
     if timed:
         from graph_replay import replay_ms
-    results = {"torch": torch.__version__, "rows": []}
-    results["device"] = torch.cuda.get_device_name() if timed else "cpu"
+    results = new_results()
     tmp = Path(tempfile.mkdtemp(prefix="bench-update-"))
     for amp in args.amp.split(","):
         for batch_size in map(int, args.batch.split(",")):
-            keys = dict(
-                data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size,
-                workers=2, cache="ram", amp_dtype=amp, val=False, plots=False, epochs=1,
-                optimizer="sgd", project=str(tmp), exist_ok=True,
-                name=f"update-{amp}-b{batch_size}",
-            )  # fmt: skip
-            trainer = build(keys)
+            trainer, images, targets = trainer_and_batch(
+                args, amp, batch_size, tmp, "update", optimizer="sgd"
+            )
             step = StaticStep(trainer)
             step.make_state()
-            batch = fetch_batches(trainer, 1)[0]
-            images = batch["images"].to(trainer.device).float().div_(255)
-            targets = {k: batch[k].to(trainer.device) for k in TARGET_KEYS}
-            trainer.model.train()
             step.bind()
             step.micro(images, targets)  # real gradients in the static buffers
             step.fill_scalars(update=True)

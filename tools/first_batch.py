@@ -1,0 +1,51 @@
+"""What the replay benchmarks of a trainer's parts share (``bench_blocks.py``,
+``bench_update.py``): their command-line options, and a trainer built as ``train`` builds it
+with the first batch of its loader on the device, and the results file's head."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from check_graphs import build, fetch_batches  # tools/ is on the path
+
+from falconet.data.targets import TARGET_KEYS
+
+
+def replay_parser(doc: str) -> argparse.ArgumentParser:
+    """Options for data, model, batch sizes, precisions and the replay timing."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--data", default="../.data/coco128/coco128.yaml")
+    parser.add_argument("--model", default="yolo-n")
+    parser.add_argument("--batch", default="16")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--amp", default="fp16,bf16")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    return parser
+
+
+def trainer_and_batch(args, amp: str, batch_size: int, tmp: Path, name: str, **keys):
+    """A trainer for ``args`` in ``amp`` at ``batch_size`` (its model in training mode), and
+    its loader's first batch: images as float in [0, 1] and targets, on its device."""
+    trainer = build(
+        dict(
+            data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size, workers=2,
+            cache="ram", amp_dtype=amp, val=False, plots=False, epochs=1, project=str(tmp),
+            exist_ok=True, name=f"{name}-{amp}-b{batch_size}", **keys,
+        )
+    )  # fmt: skip
+    batch = fetch_batches(trainer, 1)[0]
+    images = batch["images"].to(trainer.device).float().div_(255)
+    targets = {k: batch[k].to(trainer.device) for k in TARGET_KEYS}
+    trainer.model.train()
+    return trainer, images, targets
+
+
+def new_results() -> dict:
+    """The results file's head: torch's version and the device the rows were timed on."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"torch": torch.__version__, "device": device, "rows": []}
