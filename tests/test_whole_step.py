@@ -473,3 +473,22 @@ def test_make_state_keeps_a_restored_momentum_buffer(keys, installed_falconet_pl
         if param is not first:
             buffer = optimizer.state[param]["momentum_buffer"]
             assert buffer.shape == param.shape and float(buffer.abs().sum()) == 0
+
+
+def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
+    """The static gradients share one flat buffer (one ``where`` neutralises an overflowed
+    step, one ``zero_`` clears them) and keep each parameter's shape and strides."""
+    from falconet_graphs_cuda.static_step import packed_like
+
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    params = [conv.weight, conv.bias, torch.nn.Parameter(torch.randn(5, 4))]
+    flat, views = packed_like(params)
+    assert flat.numel() == sum(p.numel() for p in params) and float(flat.abs().sum()) == 0
+    for param, view in zip(params, views, strict=True):
+        assert view.shape == param.shape and view.stride() == param.stride()
+        assert view.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    views[0].add_(1.0)
+    views[2].add_(2.0)
+    assert float(flat.sum()) == params[0].numel() + 2.0 * params[2].numel()  # no overlap
+    with pytest.raises(TypeError, match="one dtype"):
+        packed_like([conv.weight, torch.nn.Parameter(torch.randn(3, dtype=torch.float64))])

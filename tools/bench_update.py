@@ -7,9 +7,9 @@ On the H200 the fp16 whole step at batch 16 takes 13.2 ms, of which the training
 and each of its parts alone, each recorded as a CUDA graph and replayed (median of
 ``--repeats`` replays after ``--warmup``, over ``--rounds`` rounds taken round-robin; the
 median of the rounds is reported): the scaler's unscale and overflow check (fp16), gradient
-clipping, the copy of weights and momentum an overflowed step restores (fp16), the SGD step,
-the restore itself (one ``where`` per tensor, fp16), the scale update (fp16), the EMA, and
-zeroing the gradients. The parts' sum against the whole says what recording them together
+clipping, the step (weight decay into the gradients, with fp16 the overflowed step made a
+no-op, then SGD), that no-op alone (fp16), the scale update (fp16), the EMA, and zeroing the
+gradients. The parts' sum against the whole says what recording them together
 saves. The trainer is the one ``train`` builds (SGD, the family's recipe) on ``--data``, its
 gradients those of one real batch.
 
@@ -38,12 +38,11 @@ def parts(step: StaticStep) -> dict:
         "update (whole)": step.update,
         "unscale": step._unscale if scaled else None,
         "clip": step._clip,
-        "keep (copy)": step._keep if scaled else None,
-        "sgd": step._step,
-        "restore (where)": step._restore if scaled else None,
+        "step (decay, overflow no-op, sgd)": step._step,
+        "overflow no-op (where)": step._neutralise_overflow if scaled else None,
         "scale update": step._update_scale if scaled else None,
         "ema": step._ema,
-        "zero grads": lambda: torch._foreach_zero_(step.grads),
+        "zero grads": step.flat_grads.zero_,
     }
     return {name: torch.no_grad()(fn) for name, fn in named.items() if fn is not None}
 

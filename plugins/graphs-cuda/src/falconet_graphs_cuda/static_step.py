@@ -18,11 +18,14 @@ A replay agrees with this module run eagerly bit for bit.
 
 With fp16's gradient scaler (SGD only), the scaler's work moves to the device as well: the
 loss is scaled with the scaler's own ``scale``, the update unscales the gradients and finds
-overflows with the kernel ``GradScaler.unscale_`` uses, keeps a copy of the weights and
-momentum buffers, steps, and puts the copy back where an overflow was found (``torch.where``:
-eager skips ``optimizer.step()`` after reading the flag on the host, which a graph cannot),
-then updates the scale with the kernel ``GradScaler.update`` uses. AdamW is not offered with
-the scaler: a skipped step must not advance its step count, which the host keeps.
+overflows with the kernel ``GradScaler.unscale_`` uses, then updates the scale with the kernel
+``GradScaler.update`` uses. Eager skips ``optimizer.step()`` after an overflow, reading the
+flag on the host, which a graph cannot; here an overflowed step is made a no-op instead
+(:meth:`StaticStep._neutralise_overflow`): the decayed gradients, views of one flat buffer,
+become zeros in one ``torch.where``, and the step's momentum and learning rate become 1 and
+0, so ``b = 1 x b + 0`` and ``p = p + 0 x step`` leave the weights and momentum as they were,
+exactly. AdamW is not offered with the scaler: a skipped step must not advance its step
+count, which the host keeps.
 
 Run eagerly on the CPU, these functions are what the CPU tests compare with the trainer's own
 step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
@@ -64,6 +67,28 @@ class Group:
     d: torch.Tensor
 
 
+def packed_like(params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Zeroed buffers shaped and strided like ``params`` (channels_last stays channels_last),
+    as views of one flat tensor, so that one kernel can act on all of them."""
+    dtypes = {p.dtype for p in params}
+    dense = all(
+        p.is_contiguous() or p.is_contiguous(memory_format=torch.channels_last) for p in params
+    )
+    if len(dtypes) != 1 or not dense:
+        raise TypeError(
+            "graph=whole-step needs the trained parameters in one dtype and densely laid out "
+            f"(got {sorted(map(str, dtypes))}, dense: {dense})"
+        )
+    flat = torch.zeros(
+        sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
+    )
+    views, offset = [], 0
+    for p in params:
+        views.append(flat.as_strided(p.shape, p.stride(), offset))
+        offset += p.numel()
+    return flat, views
+
+
 class StaticStep:
     """Forward + loss + backward and the optimizer step of ``trainer``, on static tensors."""
 
@@ -73,7 +98,7 @@ class StaticStep:
         named = [(n, p) for n, p in self.network.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self.grads = [torch.zeros_like(p) for p in self.params]
+        self.flat_grads, self.grads = packed_like(self.params)
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
         scalar = {"device": trainer.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -95,9 +120,9 @@ class StaticStep:
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         if self.scaler is not None and self.adamw:
             raise TypeError("no static AdamW update with a gradient scaler (see the docstring)")
-        # GradScaler.unscale_'s overflow flag, and the copies an overflowed step restores
+        # GradScaler.unscale_'s overflow flag, and what an overflowed step's scalars become
         self.found_inf = torch.zeros((), device=trainer.device, dtype=torch.float32)
-        self.kept: list[torch.Tensor] = []
+        self.zero, self.one = torch.zeros((), **scalar), torch.ones((), **scalar)
         # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
@@ -228,40 +253,46 @@ class StaticStep:
         if self.scaler is not None:
             self._unscale()
         self._clip()
-        if self.scaler is not None:
-            self._keep()
         self._step()
         if self.scaler is not None:
-            self._restore()
             self._update_scale()
         self._ema()
-        torch._foreach_zero_(self.grads)
+        self.flat_grads.zero_()
 
     def _clip(self) -> None:
         if self.trainer.cfg.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.trainer.cfg.clip_grad, foreach=True)
 
-    def _keep(self) -> None:
-        """Copy the weights and the optimizer state, for :meth:`_restore`."""
-        stepped = self.params + self.state_tensors()
-        if not self.kept:
-            self.kept = [torch.empty_like(t) for t in stepped]
-        torch._foreach_copy_(self.kept, stepped)
-
     def _step(self) -> None:
-        """The optimizer's step, group by group."""
+        """The optimizer's step, group by group. SGD's weight decay goes into the static
+        gradients first (in place: the same ``add`` as torch's), so that with the scaler an
+        overflowed step can be made a no-op before any state changes."""
+        groups = list(zip(self.groups, self._nonempty_groups(), strict=True))
+        if not self.adamw:
+            for group, _ in groups:
+                if group.weight_decay:
+                    params, grads = self._members(group)
+                    torch._foreach_add_(grads, params, alpha=group.weight_decay)
+            if self.scaler is not None:
+                self._neutralise_overflow()
         update = self._adamw if self.adamw else self._sgd
-        for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
-            params = [self.params[i] for i in group.indices]
-            update(group, source, params, [self.grads[i] for i in group.indices])
+        for group, source in groups:
+            update(group, source, *self._members(group))
 
-    def _restore(self) -> None:
-        """Put back what :meth:`_keep` copied where the scaler found an overflow (eager skips
-        ``optimizer.step()`` on the host instead)."""
+    def _members(self, group: Group) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return [self.params[i] for i in group.indices], [self.grads[i] for i in group.indices]
+
+    def _neutralise_overflow(self) -> None:
+        """After an overflow, make SGD's step a no-op: gradients 0, momentum 1, learning rate
+        0 (``b x 1 + 0 = b`` and ``p + step x 0 = p``, exactly: the step is finite once the
+        gradients are zeros). Without one, every value stays as it was: ``where`` picks it
+        unchanged. Three kernels per group and one for all gradients (their flat buffer), where
+        copying the weights and momentum and putting them back took two per tensor."""
         overflowed = self.found_inf > 0
-        stepped = self.params + self.state_tensors()
-        for tensor, kept in zip(stepped, self.kept, strict=True):
-            torch.where(overflowed, kept, tensor, out=tensor)
+        torch.where(overflowed, self.zero, self.flat_grads, out=self.flat_grads)
+        for group in self.groups:
+            torch.where(overflowed, self.one, group.b, out=group.b)
+            torch.where(overflowed, self.zero, group.c, out=group.c)
 
     def _ema(self) -> None:
         floats, others = self.ema_tensors()
@@ -297,16 +328,15 @@ class StaticStep:
         return [self.scaler._scale, self.scaler._growth_tracker]
 
     def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
-        """``torch.optim.SGD``: weight decay, momentum (Nesterov or not), step.
+        """``torch.optim.SGD`` after its weight decay (:meth:`_step`): momentum (Nesterov or
+        not), step.
 
         torch adds ``alpha x buffer`` with ``alpha`` a Python number, in one fused multiply-add
         (one rounding). A device-tensor ``alpha`` has no such overload, so the tensor is
         broadcast to each parameter's shape (``ones x alpha`` is exact) and the step is
         ``addcmul``, which rounds once as well: bit for bit torch's result."""
         buffers = [self.trainer.optimizer.state[p]["momentum_buffer"] for p in params]
-        ones = [self.ones[i] for i in group.indices]
-        if group.weight_decay:
-            grads = torch._foreach_add(grads, params, alpha=group.weight_decay)
+        ones = [self.ones[i] for i in group.indices]  # the weight decay is in grads (_step)
         torch._foreach_mul_(buffers, group.b)
         torch._foreach_add_(buffers, grads)
         if group.nesterov:
