@@ -76,6 +76,7 @@ def main() -> None:
                     times[name].append(replay_ms(fn, args.warmup, args.repeats))
                     torch._foreach_copy_(step.grads, grads)  # "zero grads" and the whole zero them
             row = {"amp": amp, "batch": batch_size, "tensors": len(step.params)}
+            row["ema_tensors"] = len(step.ema_tensors()[0][0])
             row["ms"] = {n: sorted(t)[len(t) // 2] if t else None for n, t in times.items()}
             if timed:
                 row["parts_sum_ms"] = sum(v for n, v in row["ms"].items() if n != "update (whole)")
