@@ -9,6 +9,7 @@ the GPU machine.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import shutil
@@ -106,10 +107,16 @@ def state(trainer) -> list[torch.Tensor]:
     return tensors
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plugins, optimizer):
+@pytest.mark.parametrize(
+    ("optimizer", "amp"), [("sgd", "fp32"), ("sgd", "bf16"), ("adamw", "fp32")]
+)
+def test_the_static_step_trains_like_the_eager_step(
+    keys, installed_falconet_plugins, optimizer, amp
+):
+    """bf16 (autocast on the CPU): the static step casts the convolutions' weights to bf16
+    itself, as autocast would, and trains bit for bit as eager all the same."""
     plugins = installed_falconet_plugins
-    keys = {**keys, "optimizer": optimizer}
+    keys = {**keys, "optimizer": optimizer, "amp_dtype": amp}
     eager = trainer_for(keys, plugins)
     recorder = EagerStepRecorder()
     whole = trainer_for(keys, plugins, recorder)
@@ -124,6 +131,8 @@ def test_the_static_step_trains_like_the_eager_step(keys, installed_falconet_plu
     assert counts["eager"] + counts["replayed"] == 12
     assert sum(m.replays for m in recorder.micros) == counts["replayed"]
     assert whole.step == eager.step == 6 and whole.ema.updates == eager.ema.updates
+    casts = {w.dtype for w in runner.step.cast_weights}
+    assert casts == ({torch.bfloat16} if amp == "bf16" else set())  # every conv's weights
     if optimizer == "sgd":  # the static SGD update is torch's bit for bit (static_step)
         assert got == reference
         assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
@@ -168,6 +177,7 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
             ema=ModelEMA(net, 0.9999, 2000),
             device=torch.device("cpu"),
             scaler=None,
+            precision=SimpleNamespace(autocast=lambda device: contextlib.nullcontext()),
             loss_fn=None,  # the update alone is under test
         )
         return trainer

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from torch.func import functional_call
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class StaticStep:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.flat_grads, self.grads = packed_like(self.params)
+        self._make_casts()
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
         scalar = {"device": trainer.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -147,6 +149,26 @@ class StaticStep:
             # the assigner's [B, M, A] and the loss's [B, A, C] elementwise chains, each a
             # full pass over memory per op when eager
             self.loss_fn = torch.compile(trainer.loss_fn, dynamic=False)
+
+    def _make_casts(self) -> None:
+        """Under autocast, buffers for the weights autocast would cast: every parameter of a
+        plain ``nn.Conv*`` or ``nn.Linear`` (their ops are on autocast's lower-precision list;
+        a subclass may override ``forward`` and is left alone). :meth:`micro` casts them all
+        with one multi-tensor copy and passes the copies as the leaves, where autocast cast
+        each one in a kernel of its own in the forward and again in the backward (the cast's
+        gradient). Autocast leaves a tensor already in its dtype as it is, and both casts are
+        exact conversions, so the step's numbers do not change."""
+        device = self.trainer.device
+        with self.trainer.precision.autocast(device):
+            enabled = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type)
+        kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+        cast = {id(p) for m in self.network.modules() if type(m) in kinds for p in m.parameters()}
+        self.cast_indices = [i for i, p in enumerate(self.params) if enabled and id(p) in cast]
+        self.cast_weights = [  # the leaves the forward reads
+            torch.empty_like(self.params[i], dtype=dtype) for i in self.cast_indices
+        ]
+        self.cast_grads = [torch.empty_like(self.params[i]) for i in self.cast_indices]
 
     def _eager_forward(self, leaves: dict[str, torch.Tensor], images: torch.Tensor) -> Any:
         return functional_call(self.network, leaves, (images,))
@@ -237,13 +259,23 @@ class StaticStep:
         trainer = self.trainer
         pairs = zip(self.names, self.params, strict=True)
         leaves = {n: p.detach().requires_grad_() for n, p in pairs}
+        if self.cast_indices:  # autocast's casts of the weights, in one kernel (_make_casts)
+            torch._foreach_copy_(self.cast_weights, [self.params[i] for i in self.cast_indices])
+            for i, weight in zip(self.cast_indices, self.cast_weights, strict=True):
+                leaves[self.names[i]] = weight.detach().requires_grad_()
         with trainer.precision.autocast(trainer.device):
             outputs = self.forward(leaves, images)
         loss, parts = self.loss_fn(outputs, targets)
         scaled = loss * trainer.cfg.batch
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        grads = torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True)
+        grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
+        cast = [(i, g) for i, g in zip(self.cast_indices, self.cast_grads, strict=True)]
+        cast = [(i, g) for i, g in cast if grads[i] is not None]
+        if cast:  # back to the parameters' dtype, in one kernel: the casts' gradients
+            torch._foreach_copy_([g for _, g in cast], [grads[i] for i, _ in cast])
+            for i, g in cast:
+                grads[i] = g
         if accumulate:
             used = [(s, g) for s, g in zip(self.grads, grads, strict=True) if g is not None]
             torch._foreach_add_([s for s, _ in used], [g for _, g in used])
