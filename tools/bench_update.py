@@ -1,9 +1,9 @@
 """The whole step's update, part by part: where its milliseconds go.
 
-On the H200 the fp16 whole step at batch 16 takes 13.2 ms, of which the training pass
-(network, loss, backward; ``tools/bench_blocks.py``) is 11.1 ms: about 2 ms is the update that
-``graph=whole-step`` records once and replays after every accumulation window
-(``falconet_graphs_cuda.static_step.StaticStep.update``). This script times that update whole
+``graph=whole-step`` records the update once and replays it after every accumulation window
+(``falconet_graphs_cuda.static_step.StaticStep.update``); on the H200 it was 1.6 ms of the
+13.2 ms fp16 step at batch 16, and 0.4 ms after the changes this script pointed to
+(docs/performance.md, "The update and the weights' casts"). This script times that update whole
 and each of its parts alone, each recorded as a CUDA graph and replayed (median of
 ``--repeats`` replays after ``--warmup``, over ``--rounds`` rounds taken round-robin; the
 median of the rounds is reported): the scaler's unscale and overflow check (fp16), gradient

@@ -2,13 +2,14 @@
 
 ``micro(images, targets)`` is a batch's forward, loss and backward: the gradient of
 ``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
-parameters' ``.grad`` while the whole step is in use. ``update()`` is the optimizer step:
-clipping, SGD with momentum (Nesterov or not, per-group weight decay) or AdamW, the EMA update
-and zeroing the gradients. Everything a step changes on the host side lives in device tensors
-that are filled before each call: each group's learning rate and momentum or betas (the
-warm-up ramps both), AdamW's bias corrections, and the EMA's weight. The optimizer's state is
-the trainer's own (``optimizer.state[p]``; AdamW's step counts stay host tensors, advanced on
-the host), so checkpoints and resume are unchanged.
+parameters' ``.grad`` while the whole step is in use. Under autocast it makes the
+convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`).
+``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
+weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
+on the host side lives in device tensors that are filled before each call: each group's
+learning rate and momentum or betas (the warm-up ramps both), AdamW's bias corrections, and
+the EMA's weight. The optimizer's state is the trainer's own (``optimizer.state[p]``; AdamW's
+step counts stay host tensors, advanced on the host), so checkpoints and resume are unchanged.
 
 The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s. SGD's is bit for bit
 torch's (its fused multiply-adds by a Python number become ``addcmul`` by the tensor broadcast
