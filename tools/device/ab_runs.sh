@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl, .ab and .data carried
-# (tools/device/ab_prepare.sh): two commits of the project side by side in one call. Each side
-# is installed into its own /tmp/site-<side>; the jobs of ab_jobs run one at a time, in order,
-# each with its side's wheels and its side's tools/ (so a job A B A B interleaves the sides).
+# (tools/device/ab_prepare.sh): commits of the project side by side in one call. Each side
+# (.ab/a, .ab/b, ...) is installed into its own /tmp/site-<side>; the jobs of ab_jobs run one at
+# a time, in order, each with its side's wheels and its side's tools/ (so a job A B A B
+# interleaves the sides).
 #   ab_jobs="update:a update:b step:a step:b step:a step:b check:b"
 # Jobs:
 #   update  tools/bench_update.py: the whole step's update, whole and part by part (ab_amp)
@@ -15,9 +16,11 @@
 set -uo pipefail
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 root=$PWD
+base_path=$PATH
 data=$root/.data/coco128
 rm -rf /tmp/logs && mkdir -p /tmp/logs
-for side in a b; do
+for dir in .ab/*/; do
+  side=$(basename "$dir")
   rm -rf "/tmp/site-$side"
   python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
     --target "/tmp/site-$side" .whl/*.whl ".ab/$side"/whl/*.whl || exit 1
@@ -30,7 +33,7 @@ for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
   name=${entry%%:*} side=${entry##*:}
   n=$((n + 1))
   out="$OUT/$n-$name-$side.json" log="/tmp/logs/$n-$name-$side"
-  export PYTHONPATH="/tmp/site-$side" PATH="/tmp/site-$side/bin:$PATH"
+  export PYTHONPATH="/tmp/site-$side" PATH="/tmp/site-$side/bin:$base_path"
   cd "$root/.ab/$side/tools" || exit 1
   start=$SECONDS
   case $name in
