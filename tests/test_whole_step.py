@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -502,3 +504,21 @@ def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
     assert float(flat.sum()) == params[0].numel() + 2.0 * params[2].numel()  # no overlap
     with pytest.raises(TypeError, match="one dtype"):
         packed_like([conv.weight, torch.nn.Parameter(torch.randn(3, dtype=torch.float64))])
+
+
+def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, caplog):
+    """Each recording's host time adds to the runner's ``capture_seconds`` and is in its log
+    line (tools/bench_train.py reports the sum for an end-to-end run)."""
+
+    class SlowRecorder(EagerStepRecorder):
+        def micro(self, *args):
+            time.sleep(0.05)
+            return super().micro(*args)
+
+    whole = trainer_for(keys, installed_falconet_plugins, SlowRecorder())
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        train(whole, batches(whole, 6), lambda t: pad_targets(t, (32, 64)))  # one bucket
+    runner = whole.step_runner
+    assert runner.counts["recorded"] == 1
+    assert runner.capture_seconds >= 0.05
+    assert re.search(r"captured the step for input .* with target bucket .* in \d+ ms", caplog.text)

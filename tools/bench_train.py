@@ -11,7 +11,8 @@ Per arm and batch size:
 
 * **end to end**: images/s over epochs 2..N, from the wall time between consecutive epoch ends
   (each framework's own loop: loader, step, EMA, checkpoint; validation off), on COCO128
-  repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable;
+  repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable; for a
+  falconet graph backend also its captures and their host time over the run (``capture_s``);
 * **isolated step** (falconet, Ultralytics): forward + loss + backward + optimizer + EMA on
   one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
@@ -145,6 +146,19 @@ def gpu_profile(step, steps: int = 20) -> dict:
 
 
 # ---------------------------------------------------------------------------- the arms
+def recordings(trainer) -> dict:
+    """What a graph backend spent on recording in the run: captures made and their host wall
+    time (warm-up passes included), from its network wrapper and step runner; empty when
+    neither records."""
+    owners = [o for o in (trainer.network, trainer.step_runner) if hasattr(o, "capture_seconds")]
+    if not owners:
+        return {}
+    return {
+        "captures": sum(o.counts["recorded"] for o in owners),
+        "capture_s": round(sum(o.capture_seconds for o in owners), 3),
+    }
+
+
 def run_falconet(args) -> dict:
     import torch
 
@@ -196,6 +210,7 @@ def run_falconet(args) -> dict:
         clock.ends = clock.ends[1:]
         result["img_s"] = clock.throughput(images)
         result["loss_last_epoch"] = trainer.logged
+        result.update(recordings(trainer))
     else:
         trainer = Trainer(plan_run({**keys, "epochs": 1}, plugins), plugins)
         result["graph"] = trainer.graph

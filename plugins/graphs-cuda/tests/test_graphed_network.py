@@ -11,6 +11,8 @@ the copy. The GPU side is checked by tools/check_graphs.py on the GPU machine.
 from __future__ import annotations
 
 import logging
+import re
+import time
 
 import pytest
 import torch
@@ -117,6 +119,27 @@ def test_a_shape_is_recorded_on_its_third_call_and_replayed_after() -> None:
     for i in range(2):
         graphed(batch(10 + i, n=3))
     assert graphed.counts["recorded"] == 1 and graphed.counts["eager"] == 4
+
+
+def test_recording_time_is_counted_and_logged(caplog) -> None:
+    """The host time of each recording adds to ``capture_seconds`` and is in its log line:
+    what a run spent recording, so a short run's lower rate can be put down to it."""
+
+    class SlowRecorder(BufferRecorder):
+        def __call__(self, *args, **kwargs):
+            time.sleep(0.05)
+            return super().__call__(*args, **kwargs)
+
+    torch.manual_seed(0)
+    graphed = GraphedNetwork(Net().train(), SlowRecorder())
+    assert graphed.capture_seconds == 0.0
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        for i in range(3):
+            loss_of(graphed(batch(i))).backward()
+    assert graphed.counts["recorded"] == 1 and graphed.capture_seconds >= 0.05
+    assert re.search(
+        r"captured forward and backward for input \[4, 3, 8, 8\] in \d+ ms", caplog.text
+    )
 
 
 def test_replays_match_the_eager_network() -> None:

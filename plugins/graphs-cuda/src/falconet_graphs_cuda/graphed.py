@@ -38,6 +38,7 @@ semantics.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -140,6 +141,7 @@ class GraphedNetwork:
         self.grad_strides: dict[tuple, list[tuple[int, ...] | None]] = {}
         self.state: tuple | None = None
         self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "retired": 0, "failed": 0}
+        self.capture_seconds = 0.0  # host wall time of every recording: warm-up and capture
 
     # ---------------------------------------------------------------------------- per call
     def __call__(self, images: torch.Tensor) -> Any:
@@ -190,9 +192,11 @@ class GraphedNetwork:
         seen = self.seen[key] = self.seen.get(key, 0) + 1
         if seen < self.capture_after:
             return None
+        start = time.perf_counter()
         try:
             recording = self.recorder(self.network, images, self.params, self.grad_strides.get(key))
         except Exception as exc:  # a failed capture comes in many types; each is logged
+            self.capture_seconds += time.perf_counter() - start
             self.failed[key] = describe_failure(exc)
             self.counts["failed"] += 1
             log.error(
@@ -202,9 +206,15 @@ class GraphedNetwork:
                 self.failed[key],
             )
             return None
+        seconds = time.perf_counter() - start
+        self.capture_seconds += seconds
         self.recordings[key] = recording
         self.counts["recorded"] += 1
-        log.info("graph=cuda-graph: captured forward and backward for input %s", list(key[0]))
+        log.info(
+            "graph=cuda-graph: captured forward and backward for input %s in %.0f ms",
+            list(key[0]),
+            seconds * 1e3,
+        )
         return recording
 
     def _unalias(self, recording: Recording) -> None:

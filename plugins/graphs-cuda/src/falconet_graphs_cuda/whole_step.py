@@ -28,6 +28,7 @@ into them as autograd does.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -88,6 +89,7 @@ class WholeStepRunner:
         self.seen: dict[tuple, int] = {}
         self.failed: str | None = None
         self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "failed": 0}
+        self.capture_seconds = 0.0  # host wall time of every recording: warm-up and capture
 
     @property
     def pending(self) -> bool:
@@ -138,11 +140,13 @@ class WholeStepRunner:
         bucket = self._widened(image_key, bucket)
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
+        start = time.perf_counter()
         try:
             recording = recorder.micro(self.step, images, pad_targets(targets, bucket), bucket)
             if self.update is None:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged
+            self.capture_seconds += time.perf_counter() - start
             self.failed = describe_failure(exc)
             self.counts["failed"] += 1
             log.error(
@@ -153,14 +157,17 @@ class WholeStepRunner:
                 self.failed,
             )
             return None
+        seconds = time.perf_counter() - start
+        self.capture_seconds += seconds
         buckets = self.micros.setdefault(image_key, [])
         buckets.append(recording)
         buckets.sort(key=lambda r: r.bucket[::-1])  # the fewest boxes first: the least work
         self.counts["recorded"] += 1
         log.info(
-            "graph=whole-step: captured the step for input %s with target bucket %s",
+            "graph=whole-step: captured the step for input %s with target bucket %s in %.0f ms",
             list(images.shape),
             bucket,
+            seconds * 1e3,
         )
         return recording
 
