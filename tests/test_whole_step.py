@@ -487,6 +487,34 @@ def test_make_state_keeps_a_restored_momentum_buffer(keys, installed_falconet_pl
             assert buffer.shape == param.shape and float(buffer.abs().sum()) == 0
 
 
+def test_make_state_gives_adamw_the_state_torch_makes(keys, installed_falconet_plugins):
+    """AdamW's state made before its first step (host step count 0, zero moments) is the one
+    torch makes on that step: two optimizers, one given the state first, take three steps on
+    the same gradients and end bit for bit equal, step counts and their dtype included."""
+    from falconet_graphs_cuda.static_step import StaticStep
+
+    keys = {**keys, "optimizer": "adamw"}
+    trainers = [trainer_for(keys, installed_falconet_plugins) for _ in range(2)]
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    step = StaticStep(trainers[1])
+    assert not step.ready()
+    step.make_state()
+    assert step.ready()
+    for k in range(3):
+        for trainer in trainers:
+            generator = torch.Generator().manual_seed(k)
+            for p in trainer.model.parameters():
+                p.grad = torch.randn(p.shape, generator=generator)
+            trainer.optimizer.step()
+    params = list(zip(*(t.model.parameters() for t in trainers), strict=True))
+    assert all(torch.equal(a, b) for a, b in params)
+    states = [t.optimizer.state for t in trainers]
+    for a, b in params:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            x, y = states[0][a][key], states[1][b][key]
+            assert torch.equal(x, y) and x.dtype == y.dtype and x.device == y.device
+
+
 def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
     """The static gradients share one flat buffer (one ``where`` neutralises an overflowed
     step, one ``zero_`` clears them) and keep each parameter's shape and strides."""

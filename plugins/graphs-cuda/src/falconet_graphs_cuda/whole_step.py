@@ -9,8 +9,8 @@ graphs, for a family whose loss is static-shaped.
   that fits a recorded bucket of the same image shape is padded up to the smallest such
   bucket (padding is ignored by the loss) and replayed; another key is counted and recorded
   on its ``capture_after``-th call (at the largest ``M`` recorded so far: ``_widened``),
-  once the optimizer has its state (SGD's momentum buffers are made as zeros on the first
-  call, :meth:`StaticStep.make_state`; AdamW's by its first eager step). Until then
+  once the optimizer has its state (made on the first call: SGD's momentum buffers as
+  zeros, AdamW's as torch makes it, :meth:`StaticStep.make_state`). Until then
   the runner returns ``None`` and the trainer runs the step eagerly, so a batch with more
   boxes than any bucket runs eager until its larger bucket has repeated;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
@@ -94,7 +94,7 @@ class WholeStepRunner:
     @property
     def pending(self) -> bool:
         """Nothing recorded yet, and nothing failed: every batch runs eagerly until the first
-        recording (a key must repeat ``capture_after`` times; AdamW's state must exist)."""
+        recording (a key must repeat ``capture_after`` times, and the optimizer have its state)."""
         return self.failed is None and not self.micros
 
     def __call__(
