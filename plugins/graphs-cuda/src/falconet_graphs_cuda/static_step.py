@@ -289,8 +289,8 @@ class StaticStep:
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
-        cast = [(i, g) for i, g in zip(self.cast_indices, self.cast_grads, strict=True)]
-        cast = [(i, g) for i, g in cast if grads[i] is not None]
+        made = zip(self.cast_indices, self.cast_grads, strict=True)
+        cast = [(i, g) for i, g in made if grads[i] is not None]
         if cast:  # back to the parameters' dtype, in one kernel: the casts' gradients
             torch._foreach_copy_([g for _, g in cast], [grads[i] for i, _ in cast])
             for i, g in cast:
