@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 import types
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from first_batch import new_results, replay_parser, trainer_and_batch  # tools/ is on the path
+from first_batch import each_case, new_results, replay_parser  # tools/ is on the path
 from torch import nn
 
 VARIANTS = ("before", "up", "head", "pool", "after")
@@ -107,32 +105,29 @@ def main() -> None:
     if timed:
         from graph_replay import replay_ms
     results = new_results()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-blocks-"))
-    for amp in args.amp.split(","):
-        for batch_size in map(int, args.batch.split(",")):
-            trainer, images, targets = trainer_and_batch(args, amp, batch_size, tmp, "blocks")
-            nets = {name: variant(trainer.model, name) for name in VARIANTS}
-            first = {n: pass_fn(net, trainer, images, targets)() for n, net in nets.items()}
-            rows = {
-                name: {"amp": amp, "batch": batch_size, "variant": name, "ms": [],
-                       **compare(first[name], first["before"])}
-                for name in VARIANTS
-            }  # fmt: skip
-            del first
-            for _ in range(args.rounds if timed else 0):
-                for name, net in nets.items():
-                    fn = pass_fn(net, trainer, images, targets)
-                    rows[name]["ms"].append(replay_ms(fn, args.warmup, args.repeats))
-            for row in rows.values():
-                row["median_ms"] = sorted(row["ms"])[len(row["ms"]) // 2] if row["ms"] else None
-                results["rows"].append(row)
-                ms = f"{row['median_ms']:.3f} ms" if row["median_ms"] is not None else "-"
-                print(
-                    f"{amp} b{batch_size} {row['variant']:>6}: {ms}; loss equal "
-                    f"{row['loss_equal']}, {row['tensors_equal']}/{row['tensors']} tensors "
-                    f"equal, largest difference {row['max_abs_diff']:.3g}",
-                    flush=True,
-                )
+    for amp, batch_size, trainer, images, targets in each_case(args, "blocks"):
+        nets = {name: variant(trainer.model, name) for name in VARIANTS}
+        first = {n: pass_fn(net, trainer, images, targets)() for n, net in nets.items()}
+        rows = {
+            name: {"amp": amp, "batch": batch_size, "variant": name, "ms": [],
+                   **compare(first[name], first["before"])}
+            for name in VARIANTS
+        }  # fmt: skip
+        del first
+        for _ in range(args.rounds if timed else 0):
+            for name, net in nets.items():
+                fn = pass_fn(net, trainer, images, targets)
+                rows[name]["ms"].append(replay_ms(fn, args.warmup, args.repeats))
+        for row in rows.values():
+            row["median_ms"] = sorted(row["ms"])[len(row["ms"]) // 2] if row["ms"] else None
+            results["rows"].append(row)
+            ms = f"{row['median_ms']:.3f} ms" if row["median_ms"] is not None else "-"
+            print(
+                f"{amp} b{batch_size} {row['variant']:>6}: {ms}; loss equal "
+                f"{row['loss_equal']}, {row['tensors_equal']}/{row['tensors']} tensors "
+                f"equal, largest difference {row['max_abs_diff']:.3g}",
+                flush=True,
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

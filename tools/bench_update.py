@@ -22,11 +22,9 @@ Without CUDA each part runs once eagerly (the script's own check) and nothing is
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import torch
-from first_batch import new_results, replay_parser, trainer_and_batch  # tools/ is on the path
+from first_batch import each_case, new_results, replay_parser  # tools/ is on the path
 
 from falconet_graphs_cuda.static_step import StaticStep
 
@@ -54,34 +52,29 @@ def main() -> None:
     if timed:
         from graph_replay import replay_ms
     results = new_results()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-update-"))
-    for amp in args.amp.split(","):
-        for batch_size in map(int, args.batch.split(",")):
-            trainer, images, targets = trainer_and_batch(
-                args, amp, batch_size, tmp, "update", optimizer="sgd"
-            )
-            step = StaticStep(trainer)
-            step.make_state()
-            step.bind()
-            step.micro(images, targets)  # real gradients in the static buffers
-            step.fill_scalars(update=True)
-            grads = [g.clone() for g in step.grads]
-            pieces = parts(step)
-            for fn in pieces.values():  # each part once: the check that it runs
-                fn()
-            torch._foreach_copy_(step.grads, grads)
-            times: dict[str, list[float]] = {name: [] for name in pieces}
-            for _ in range(args.rounds if timed else 0):
-                for name, fn in pieces.items():
-                    times[name].append(replay_ms(fn, args.warmup, args.repeats))
-                    torch._foreach_copy_(step.grads, grads)  # "zero grads" and the whole zero them
-            row = {"amp": amp, "batch": batch_size, "tensors": len(step.params)}
-            row["ema_tensors"] = len(step.ema_tensors()[0][0])
-            row["ms"] = {n: sorted(t)[len(t) // 2] if t else None for n, t in times.items()}
-            if timed:
-                row["parts_sum_ms"] = sum(v for n, v in row["ms"].items() if n != "update (whole)")
-            results["rows"].append(row)
-            print(json.dumps(row), flush=True)
+    for amp, batch_size, trainer, images, targets in each_case(args, "update", optimizer="sgd"):
+        step = StaticStep(trainer)
+        step.make_state()
+        step.bind()
+        step.micro(images, targets)  # real gradients in the static buffers
+        step.fill_scalars(update=True)
+        grads = [g.clone() for g in step.grads]
+        pieces = parts(step)
+        for fn in pieces.values():  # each part once: the check that it runs
+            fn()
+        torch._foreach_copy_(step.grads, grads)
+        times: dict[str, list[float]] = {name: [] for name in pieces}
+        for _ in range(args.rounds if timed else 0):
+            for name, fn in pieces.items():
+                times[name].append(replay_ms(fn, args.warmup, args.repeats))
+                torch._foreach_copy_(step.grads, grads)  # "zero grads" and the whole zero them
+        row = {"amp": amp, "batch": batch_size, "tensors": len(step.params)}
+        row["ema_tensors"] = len(step.ema_tensors()[0][0])
+        row["ms"] = {n: sorted(t)[len(t) // 2] if t else None for n, t in times.items()}
+        if timed:
+            row["parts_sum_ms"] = sum(v for n, v in row["ms"].items() if n != "update (whole)")
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

@@ -1,10 +1,13 @@
 """What the replay benchmarks of a trainer's parts share (``bench_blocks.py``,
-``bench_update.py``): their command-line options, and a trainer built as ``train`` builds it
-with the first batch of its loader on the device, and the results file's head."""
+``bench_update.py``): their command-line options, a trainer built as ``train`` builds it with
+the first batch of its loader on the device (for every precision and batch size asked), and
+the results file's head."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -43,6 +46,15 @@ def trainer_and_batch(args, amp: str, batch_size: int, tmp: Path, name: str, **k
     targets = {k: batch[k].to(trainer.device) for k in TARGET_KEYS}
     trainer.model.train()
     return trainer, images, targets
+
+
+def each_case(args, name: str, **keys) -> Iterator[tuple]:
+    """``(amp, batch, trainer, images, targets)`` for every precision of ``--amp`` and batch
+    size of ``--batch``, each trainer in a run folder of its own under one temporary one."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    for amp in args.amp.split(","):
+        for batch_size in map(int, args.batch.split(",")):
+            yield amp, batch_size, *trainer_and_batch(args, amp, batch_size, tmp, name, **keys)
 
 
 def new_results() -> dict:

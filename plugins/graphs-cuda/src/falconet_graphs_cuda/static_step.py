@@ -81,7 +81,8 @@ def packed_like(
     if len(dtypes) != 1 or not dense:
         raise TypeError(
             f"graph=whole-step needs {what} in one dtype and densely laid out "
-            f"(got {sorted(map(str, dtypes))}, dense: {dense})"
+            f"(got {sorted(map(str, dtypes))}, dense: {dense}); keep the model in one float "
+            "dtype (precision comes from amp_dtype), or train with graph=cuda-graph"
         )
     flat = torch.zeros(
         sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
