@@ -106,3 +106,39 @@ def test_head_rows_are_the_levels_cells_and_contiguous():
             flat = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
             assert torch.equal(rows, flat)
             assert rows.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_conv_block_activation_copies_nothing_and_trains_as_in_place(dtype):
+    """Conv-BN-SiLU's SiLU out of place: the same output and gradients, bit for bit, as the
+    in-place SiLU it replaced, without the copy of the BatchNorm output that autograd makes
+    before an in-place SiLU (its backward needs the input the op overwrites)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from falconet_detect.blocks import Conv
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    block = Conv(4, 8, 3).train()
+    in_place = Conv(4, 8, 3).train()
+    in_place.load_state_dict(block.state_dict())
+    in_place.act = torch.nn.SiLU(inplace=True)
+    x = torch.randn(2, 4, 9, 7)
+    results = []
+    for net in (block, in_place):
+        ops = Ops()
+        with ops, torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+            y = net(x)
+        (grad,) = torch.autograd.grad(y.float().square().sum(), [net.conv.weight])
+        results.append((y, grad, ops.names))
+    (y, grad, names), (y_ref, grad_ref, names_ref) = results
+    assert torch.equal(y, y_ref) and torch.equal(grad, grad_ref)
+    assert "aten.clone" in names_ref and "aten.clone" not in names
