@@ -550,3 +550,49 @@ def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, 
     assert runner.counts["recorded"] == 1
     assert runner.capture_seconds >= 0.05
     assert re.search(r"captured the step for input .* with target bucket .* in \d+ ms", caplog.text)
+
+
+def test_micro_casts_weights_and_counts_batches_in_one_kernel_each(
+    keys, installed_falconet_plugins
+):
+    """In bf16 (autocast on the CPU), the static step's forward + loss + backward dispatches
+    one cast per convolution parameter fewer in each direction and no per-BatchNorm counter
+    add, against the trainer's own eager forward, loss and backward of the same batch: those
+    became two multi-tensor copies and one multi-tensor add. The counters still advance
+    (the numbers are tested in test_the_static_step_trains_like_the_eager_step)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from falconet_graphs_cuda.static_step import StaticStep
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    trainer = trainer_for({**keys, "amp_dtype": "bf16"}, installed_falconet_plugins)
+    batch = batches(trainer, 1)[0]
+    images = batch["images"].float().div_(255)
+    targets = {k: batch[k] for k in TARGET_KEYS}
+    step = StaticStep(trainer)
+    eager, static = Ops(), Ops()
+    with eager:
+        with trainer.precision.autocast(trainer.device):
+            outputs = trainer.network(images)
+        loss, _ = trainer.loss_fn(outputs, targets)
+        torch.autograd.grad(loss * trainer.cfg.batch, step.params)  # as micro: no .grad
+    counters = [m.num_batches_tracked for _, m in step.counted]
+    before = [int(c) for c in counters]
+    with static:
+        step.micro(images, targets)
+    casts, norms = len(step.cast_indices), len(step.counted)
+    assert casts > 0 and norms > 0
+    assert eager.count["aten._to_copy"] - static.count["aten._to_copy"] == 2 * casts
+    assert static.count["aten._foreach_copy_"] == 2
+    assert eager.count["aten.add_"] - static.count["aten.add_"] == norms
+    assert [int(c) for c in counters] == [b + 1 for b in before]

@@ -3,7 +3,8 @@
 ``micro(images, targets)`` is a batch's forward, loss and backward: the gradient of
 ``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
 parameters' ``.grad`` while the whole step is in use. Under autocast it makes the
-convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`).
+convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`),
+and advances BatchNorm's batch counters in one kernel too.
 ``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
 weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
 on the host side lives in device tensors that are filled before each call: each group's
@@ -105,6 +106,14 @@ class StaticStep:
         self.params = [p for _, p in named]
         self.flat_grads, self.grads = packed_like(self.params)
         self._make_casts()
+        # BatchNorm's batch counters, advanced in one kernel by micro (see there)
+        self.counted = [
+            (f"{name}.num_batches_tracked", m)
+            for name, m in self.network.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            and m.momentum is not None
+            and m.num_batches_tracked is not None
+        ]
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
         scalar = {"device": trainer.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -172,7 +181,7 @@ class StaticStep:
         ]
         self.cast_grads = [torch.empty_like(self.params[i]) for i in self.cast_indices]
 
-    def _eager_forward(self, leaves: dict[str, torch.Tensor], images: torch.Tensor) -> Any:
+    def _eager_forward(self, leaves: dict[str, torch.Tensor | None], images: torch.Tensor) -> Any:
         return functional_call(self.network, leaves, (images,))
 
     # ------------------------------------------------------------------------ host to device
@@ -283,8 +292,15 @@ class StaticStep:
             torch._foreach_copy_(self.cast_weights, [self.params[i] for i in self.cast_indices])
             for i, weight in zip(self.cast_indices, self.cast_weights, strict=True):
                 leaves[self.names[i]] = weight.detach().requires_grad_()
+        # each training BatchNorm adds 1 to its batch counter, a kernel of its own; with a
+        # momentum the counter changes no number, so the forward gets None for it (BatchNorm
+        # then skips the add) and all counters advance in one kernel here, to the same counts
+        counters = [m.num_batches_tracked for _, m in self.counted if m.training]
+        uncounted = {name: None for name, m in self.counted if m.training}
         with trainer.precision.autocast(trainer.device):
-            outputs = self.forward(leaves, images)
+            outputs = self.forward(leaves | uncounted, images)
+        if counters:
+            torch._foreach_add_(counters, 1)
         loss, parts = self.loss_fn(outputs, targets)
         scaled = loss * trainer.cfg.batch
         if self.scaler is not None:
