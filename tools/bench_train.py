@@ -148,14 +148,15 @@ def gpu_profile(step, steps: int = 20) -> dict:
 # ---------------------------------------------------------------------------- the arms
 def recordings(trainer) -> dict:
     """What a graph backend spent on recording in the run: captures made and their host wall
-    time (warm-up passes included), from its network wrapper and step runner; empty when
-    neither records."""
+    time (warm-up passes included), and the batches it left to run eagerly, from its network
+    wrapper and step runner; empty when neither records."""
     owners = [o for o in (trainer.network, trainer.step_runner) if hasattr(o, "capture_seconds")]
     if not owners:
         return {}
     return {
         "captures": sum(o.counts["recorded"] for o in owners),
         "capture_s": round(sum(o.capture_seconds for o in owners), 3),
+        "eager_batches": sum(o.counts["eager"] for o in owners),
     }
 
 
@@ -207,6 +208,8 @@ def run_falconet(args) -> dict:
         images = len(trainer.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
+        # every epoch's wall time, epoch 1 included: where a short run's time goes
+        result["epoch_s"] = [round(b - a, 3) for a, b in zip(clock.ends, clock.ends[1:])]
         clock.ends = clock.ends[1:]
         result["img_s"] = clock.throughput(images)
         result["loss_last_epoch"] = trainer.logged
