@@ -33,6 +33,7 @@ medians with the ratio to Ultralytics and writes every raw result to ``--out``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -209,7 +210,7 @@ def run_falconet(args) -> dict:
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
         # every epoch's wall time, epoch 1 included: where a short run's time goes
-        result["epoch_s"] = [round(b - a, 3) for a, b in zip(clock.ends, clock.ends[1:])]
+        result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
         clock.ends = clock.ends[1:]
         result["img_s"] = clock.throughput(images)
         result["loss_last_epoch"] = trainer.logged
