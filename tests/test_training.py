@@ -14,7 +14,7 @@ import torch
 
 from falconet import Detector
 from falconet.training.callbacks import EVENTS
-from falconet.training.checkpoint import load_checkpoint
+from falconet.training.checkpoint import CheckpointError, load_checkpoint
 from falconet.training.config import ConfigError
 from falconet.training.setup import plan_run
 from falconet.training.trainer import Trainer, TrainingDiverged
@@ -306,3 +306,15 @@ def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_fa
     update = ["optimizer", "ema"]
     assert seen == batch + batch + update + batch + update  # 3 batches, accumulate 2
     assert set(seen) == set(PHASES) - {"step"}  # "step": a backend replaying the whole step
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_a_clear_error(
+    tiny_run, installed_falconet_plugins, tmp_path
+):
+    """The files are written in the background; a write that fails (here the weights folder
+    is a file) must still end the run with the reason, not pass unnoticed."""
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
+    shutil.rmtree(trainer.weights_dir, ignore_errors=True)
+    trainer.weights_dir.write_text("in the way")
+    with pytest.raises(CheckpointError, match="writing a checkpoint failed"):
+        trainer.fit()

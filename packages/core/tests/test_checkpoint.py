@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -65,3 +66,48 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0])
     assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_host_copy_snapshots_each_tensor_once_and_rebuilds_containers():
+    shared = torch.ones(3)
+    state = {"a": shared, "b": [shared, (torch.zeros(2), 7)], "n": "x"}
+    snap = checkpoint.host_copy(state)
+    assert snap["a"] is snap["b"][0]  # stored once, as torch.save would store the original
+    assert snap["a"].data_ptr() != shared.data_ptr()
+    assert isinstance(snap["b"][1], tuple) and snap["b"][1][1] == 7 and snap["n"] == "x"
+    shared.add_(1)
+    assert torch.equal(snap["a"], torch.ones(3))
+
+
+def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch):
+    """A slow disk: the write starts only after training has changed the weights in place.
+    The file must still hold the weights as they were when the epoch ended."""
+    go = threading.Event()
+    real_save = checkpoint.save_atomic
+
+    def slow_save(state, path):
+        go.wait(timeout=30)
+        return real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save_atomic", slow_save)
+    weights = torch.ones(4)
+    writer = checkpoint.CheckpointWriter()
+    writer.submit([({"format": FORMAT, "w": weights}, tmp_path / "last.pt")])
+    weights.mul_(5)  # the next epoch's first update, before the file is written
+    go.set()
+    writer.wait()
+    assert torch.equal(load_checkpoint(tmp_path / "last.pt")["w"], torch.ones(4))
+
+
+def test_a_failed_background_write_is_raised_at_wait_and_keeps_the_previous_file(tmp_path):
+    writer = checkpoint.CheckpointWriter()
+    good = tmp_path / "weights" / "last.pt"
+    writer.submit([({"format": FORMAT, "epoch": 1}, good)])
+    writer.wait()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    writer.submit([({"format": FORMAT, "epoch": 2}, blocked / "last.pt")])
+    with pytest.raises(CheckpointError, match="writing a checkpoint failed.*previous checkpoint"):
+        writer.wait()
+    writer.wait()  # reported once
+    assert load_checkpoint(good)["epoch"] == 1

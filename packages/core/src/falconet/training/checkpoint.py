@@ -8,17 +8,27 @@ of a run (model, EMA, optimizer, scaler, counters, every RNG, the configuration,
 Writing goes to a temporary file in the same folder, is flushed and fsynced, then renamed over
 the target (atomic on POSIX), and the folder is fsynced: a crash at any moment leaves either
 the old file or the new one, never a torn one.
+
+The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
+at the epoch's end (so the next epoch's updates cannot reach the file) and serialised and
+fsynced on a background thread while the next epoch trains. A write takes 0.1-0.3 s for
+yolo-n (two files, about 38 MB, two fsyncs); with whole-step on an H200 a COCO128 epoch at
+batch 16 trains in about 0.4 s, so a synchronous write cost a short run a third of its time.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
 import re
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("falconet.train")
 
 import numpy as np
 import torch
@@ -50,6 +60,75 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
     finally:
         os.close(directory)
     return path
+
+
+def host_copy(state: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """``state`` with every tensor copied to host memory and every container rebuilt: a
+    snapshot that later in-place updates of the model, EMA or optimizer cannot change. A
+    tensor met twice is copied once (so ``torch.save`` still stores it once)."""
+    memo = {} if memo is None else memo
+    if isinstance(state, torch.Tensor):
+        if id(state) not in memo:
+            memo[id(state)] = state.detach().to("cpu", copy=True)
+        return memo[id(state)]
+    if isinstance(state, dict):
+        return {k: host_copy(v, memo) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(host_copy(v, memo) for v in state)
+    return state
+
+
+class CheckpointWriter:
+    """Writes checkpoints on one background thread, one batch of files at a time.
+
+    :meth:`submit` snapshots the states to host memory on the caller's thread (the only part
+    the training loop waits for, besides a previous write still running) and returns; the
+    files are written by :func:`save_atomic`, so a crash mid-write leaves the previous
+    checkpoint. :meth:`wait` blocks until the last submitted files are on disk and raises a
+    :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
+    failed write stops the run at the next epoch's end instead of passing unnoticed.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, files: list[tuple[dict[str, Any], Path]]) -> None:
+        """Write each ``(state, path)`` of ``files`` in order, in the background."""
+        self.wait()
+        memo: dict[int, torch.Tensor] = {}
+        snapshot = [(host_copy(state, memo), Path(path)) for state, path in files]
+        self._thread = threading.Thread(
+            target=self._write, args=(snapshot,), name="falconet-checkpoint"
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the submitted files are written; raise if writing failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(
+                f"writing a checkpoint failed: {error}. The previous checkpoint is intact; "
+                "free disk space or fix the run folder's permissions and resume from it"
+            ) from error
+
+    def close(self) -> None:
+        """:meth:`wait`, logging a failed write instead of raising: for the way out of a run
+        that is already ending with an exception of its own."""
+        try:
+            self.wait()
+        except CheckpointError as exc:
+            log.error("%s", exc)
+
+    def _write(self, files: list[tuple[dict[str, Any], Path]]) -> None:
+        try:
+            for state, path in files:
+                save_atomic(state, path)
+        except BaseException as exc:  # re-raised on the training thread by wait()
+            self._error = exc
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

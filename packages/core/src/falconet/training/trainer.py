@@ -37,10 +37,10 @@ from falconet.training import validation
 from falconet.training.callbacks import CallbackList
 from falconet.training.checkpoint import (
     FORMAT,
+    CheckpointWriter,
     load_matching_weights,
     restore_rng_states,
     rng_states,
-    save_atomic,
 )
 from falconet.training.components import (
     choose_dispatch,
@@ -137,6 +137,7 @@ class Trainer:
             self.run_dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok).resolve()
         self.weights_dir = self.run_dir / "weights"
         self._improved = False
+        self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
         (self.run_dir / "args.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         pairs = " ".join(f"{k}={format_value(v)}" for k, v in cfg.model_dump().items())
         log.info("keys: %s", textwrap.fill(pairs, 100, subsequent_indent="      "))
@@ -170,10 +171,12 @@ class Trainer:
                 self._save()
                 if self.stop_reason:
                     break
+            self.checkpoints.wait()  # on disk before anything reads them
             if self.stop_reason:
                 log.info("%s", self.stop_reason)
             self.callbacks.fire("on_train_end", self)
         except BaseException as exc:
+            self.checkpoints.close()  # the last epoch's files still land; exc is the error
             self.callbacks.fire("on_exception", self, exc)
             raise
         finally:
@@ -373,7 +376,9 @@ class Trainer:
         }
 
     def _save(self) -> None:
-        """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved."""
+        """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. Both are
+        snapshotted to host memory here and written while the next epoch trains
+        (:class:`CheckpointWriter`); :meth:`fit` waits for them before ``on_train_end``."""
         state = self._weights_state()
         state.update(
             {
@@ -390,10 +395,11 @@ class Trainer:
                 "rng": rng_states(),
             }
         )
-        save_atomic(state, self.weights_dir / "last.pt")
+        files = [(state, self.weights_dir / "last.pt")]
         if self._improved or self.val_loader is None:
-            save_atomic(self._weights_state(), self.weights_dir / "best.pt")
+            files.append((self._weights_state(), self.weights_dir / "best.pt"))
             self._improved = False
+        self.checkpoints.submit(files)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
