@@ -107,7 +107,7 @@ def test_a_failed_background_write_is_raised_at_wait_and_keeps_the_previous_file
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     writer.submit([({"format": FORMAT, "epoch": 2}, blocked / "last.pt")])
-    with pytest.raises(CheckpointError, match="writing a checkpoint failed.*previous checkpoint"):
+    with pytest.raises(CheckpointError, match=r"writing a checkpoint failed.*previous checkpoint"):
         writer.wait()
     writer.wait()  # reported once
     assert load_checkpoint(good)["epoch"] == 1

@@ -28,12 +28,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("falconet.train")
-
 import numpy as np
 import torch
 
 FORMAT = 1
+
+log = logging.getLogger("falconet.train")
 
 
 class CheckpointError(ValueError):
@@ -65,11 +65,17 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
 def host_copy(state: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
     """``state`` with every tensor copied to host memory and every container rebuilt: a
     snapshot that later in-place updates of the model, EMA or optimizer cannot change. A
-    tensor met twice is copied once (so ``torch.save`` still stores it once)."""
+    tensor met twice is copied once (so ``torch.save`` still stores it once).
+
+    A CUDA tensor is copied without waiting, into pinned memory (what ``non_blocking`` makes
+    torch allocate), behind the work already queued on its stream: the snapshot costs the
+    training thread no synchronisation, one per tensor otherwise (about 1,100 for yolo-n's
+    model, EMA and momentum). Read it only after the stream has reached the copies:
+    :class:`CheckpointWriter` records an event and waits for it on its own thread."""
     memo = {} if memo is None else memo
     if isinstance(state, torch.Tensor):
         if id(state) not in memo:
-            memo[id(state)] = state.detach().to("cpu", copy=True)
+            memo[id(state)] = state.detach().to("cpu", copy=True, non_blocking=True)
         return memo[id(state)]
     if isinstance(state, dict):
         return {k: host_copy(v, memo) for k, v in state.items()}
@@ -98,8 +104,12 @@ class CheckpointWriter:
         self.wait()
         memo: dict[int, torch.Tensor] = {}
         snapshot = [(host_copy(state, memo), Path(path)) for state, path in files]
+        copied = None  # the point of the CUDA stream where the snapshot's copies are done
+        if any(t.is_pinned() for t in memo.values()):
+            copied = torch.cuda.Event()
+            copied.record()
         self._thread = threading.Thread(
-            target=self._write, args=(snapshot,), name="falconet-checkpoint"
+            target=self._write, args=(snapshot, copied), name="falconet-checkpoint"
         )
         self._thread.start()
 
@@ -123,8 +133,12 @@ class CheckpointWriter:
         except CheckpointError as exc:
             log.error("%s", exc)
 
-    def _write(self, files: list[tuple[dict[str, Any], Path]]) -> None:
+    def _write(
+        self, files: list[tuple[dict[str, Any], Path]], copied: torch.cuda.Event | None
+    ) -> None:
         try:
+            if copied is not None:
+                copied.synchronize()
             for state, path in files:
                 save_atomic(state, path)
         except BaseException as exc:  # re-raised on the training thread by wait()

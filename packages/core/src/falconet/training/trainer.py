@@ -21,6 +21,7 @@ import math
 import textwrap
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -379,6 +380,10 @@ class Trainer:
         """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. Both are
         snapshotted to host memory here and written while the next epoch trains
         (:class:`CheckpointWriter`); :meth:`fit` waits for them before ``on_train_end``."""
+        self.checkpoints.submit(self._checkpoint_files())
+
+    def _checkpoint_files(self) -> list[tuple[dict[str, Any], Path]]:
+        """The states to save at this epoch's end and their files (live tensors, not copies)."""
         state = self._weights_state()
         state.update(
             {
@@ -399,7 +404,7 @@ class Trainer:
         if self._improved or self.val_loader is None:
             files.append((self._weights_state(), self.weights_dir / "best.pt"))
             self._improved = False
-        self.checkpoints.submit(files)
+        return files
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
