@@ -12,6 +12,7 @@
 #   check   tools/check_graphs.py --strict in ab_amp, 24 steps, no fused arm
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-4 of 4, batch 16,
 #           ab_e2e_arms (fp16 whole-step by default)
+#   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
 set -uo pipefail
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
@@ -51,6 +52,9 @@ for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
       timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 --batch 16 \
         --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 --epochs 4 --repeat-data 4 \
         --measures e2e --gpus 0 --timeout "${e2e_timeout:-200}" --out "$out" ;;
+    checkpoint)
+      timeout "${checkpoint_timeout:-120}" python bench_checkpoint.py \
+        --data "$data/coco128.yaml" --amp fp16 --batch 16 --graph whole-step --out "$out" ;;
     *) echo "unknown job $name" >&2 ;;
   esac > "$log.out" 2> "$log.err"
   echo "$n $name $side: rc $? in $((SECONDS - start)) s"
