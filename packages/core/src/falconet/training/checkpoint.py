@@ -11,9 +11,10 @@ the old file or the new one, never a torn one.
 
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
 at the epoch's end (so the next epoch's updates cannot reach the file) and serialised and
-fsynced on a background thread while the next epoch trains. A write takes 0.1-0.3 s for
-yolo-n (two files, about 38 MB, two fsyncs); with whole-step on an H200 a COCO128 epoch at
-batch 16 trains in about 0.4 s, so a synchronous write cost a short run a third of its time.
+fsynced on a background thread while the next epoch trains. Written in place, yolo-n's two
+files (61 MB with the optimizer state, two fsyncs) held the training thread 0.20 s on the
+H200 machine, where whole-step trains 512 images at batch 16 in about 0.4 s; the snapshot
+takes 25 ms of it (tools/bench_checkpoint.py, docs/performance.md).
 """
 
 from __future__ import annotations
