@@ -381,6 +381,7 @@ class Trainer:
         snapshotted to host memory here and written while the next epoch trains
         (:class:`CheckpointWriter`); :meth:`fit` waits for them before ``on_train_end``."""
         self.checkpoints.submit(self._checkpoint_files())
+        self._improved = False
 
     def _checkpoint_files(self) -> list[tuple[dict[str, Any], Path]]:
         """The states to save at this epoch's end and their files (live tensors, not copies)."""
@@ -403,7 +404,6 @@ class Trainer:
         files = [(state, self.weights_dir / "last.pt")]
         if self._improved or self.val_loader is None:
             files.append((self._weights_state(), self.weights_dir / "best.pt"))
-            self._improved = False
         return files
 
     def _restore(self, state: dict[str, Any]) -> None:
