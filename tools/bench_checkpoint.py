@@ -52,6 +52,66 @@ def flat(state, prefix: str = "") -> dict[str, torch.Tensor]:
     return {k: v for key, value in items for k, v in flat(value, f"{prefix}/{key}").items()}
 
 
+def measure(args, trainer, images, targets) -> dict:
+    """The timings and the check for one trainer and its batch (module docstring)."""
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            trainer.train_batch(images, targets, optimizer_step=True)
+
+    steps(max(args.steps, 5))  # an optimizer state, and whole-step's recording
+    files = trainer._checkpoint_files()
+    writer = CheckpointWriter()
+    ms: dict[str, list[float]] = {
+        k: [] for k in ("state", "in_place", "submit", "write", "steps_alone", "steps_during_write")
+    }
+    for _ in range(args.rounds):
+        start = synced()
+        files = trainer._checkpoint_files()
+        ms["state"].append((synced() - start) * 1e3)
+        start = synced()
+        for state, path in files:
+            save_atomic(state, path)
+        ms["in_place"].append((synced() - start) * 1e3)
+        start = synced()
+        steps(args.steps)
+        ms["steps_alone"].append((synced() - start) * 1e3)
+        start = synced()
+        writer.submit(files)
+        ms["submit"].append((time.perf_counter() - start) * 1e3)
+        start = time.perf_counter()
+        writer.wait()
+        ms["write"].append((time.perf_counter() - start) * 1e3)
+        writer.submit(trainer._checkpoint_files())
+        start = synced()
+        steps(args.steps)
+        ms["steps_during_write"].append((synced() - start) * 1e3)
+        writer.wait()
+    # the check: the file holds the state of the submit, not of the step right after it
+    files = trainer._checkpoint_files()
+    snapshot = host_copy(files[0][0])
+    synced()  # the snapshot's copies are asynchronous on a GPU
+    before = flat(snapshot)
+    writer.submit(files)
+    steps(1)
+    writer.wait()
+    written = flat(load_checkpoint(files[0][1]))
+    changed = sum(
+        not torch.equal(before[k], t.cpu()) for k, t in flat(files[0][0]).items() if k in before
+    )
+    equal = sum(torch.equal(before[k], written[k]) for k in before)
+    return {
+        "graph": trainer.graph,
+        "files": [str(path.name) for _, path in files],
+        "megabytes": round(sum(path.stat().st_size for _, path in files) / 2**20, 1),
+        "tensors": len(before),
+        "ms": {k: round(statistics.median(v), 2) for k, v in ms.items()},
+        "snapshot_exact": equal == len(before),
+        "tensors_equal": equal,
+        "tensors_changed_by_the_step": changed,
+    }
+
+
 def main() -> None:
     parser = replay_parser(__doc__)
     parser.set_defaults(amp="fp16", rounds=5)
@@ -62,65 +122,7 @@ def main() -> None:
     for amp, batch_size, trainer, images, targets in each_case(
         args, "checkpoint", graph=args.graph
     ):
-
-        def steps(n: int) -> None:
-            for _ in range(n):
-                trainer.train_batch(images, targets, optimizer_step=True)
-
-        steps(max(args.steps, 5))  # an optimizer state, and whole-step's recording
-        files = trainer._checkpoint_files()
-        writer = CheckpointWriter()
-        ms: dict[str, list[float]] = {
-            k: []
-            for k in ("state", "in_place", "submit", "write", "steps_alone", "steps_during_write")
-        }
-        for _ in range(args.rounds):
-            start = synced()
-            files = trainer._checkpoint_files()
-            ms["state"].append((synced() - start) * 1e3)
-            start = synced()
-            for state, path in files:
-                save_atomic(state, path)
-            ms["in_place"].append((synced() - start) * 1e3)
-            start = synced()
-            steps(args.steps)
-            ms["steps_alone"].append((synced() - start) * 1e3)
-            start = synced()
-            writer.submit(files)
-            ms["submit"].append((time.perf_counter() - start) * 1e3)
-            start = time.perf_counter()
-            writer.wait()
-            ms["write"].append((time.perf_counter() - start) * 1e3)
-            writer.submit(trainer._checkpoint_files())
-            start = synced()
-            steps(args.steps)
-            ms["steps_during_write"].append((synced() - start) * 1e3)
-            writer.wait()
-        # the check: the file holds the state of the submit, not of the step right after it
-        files = trainer._checkpoint_files()
-        snapshot = host_copy(files[0][0])
-        synced()  # the snapshot's copies are asynchronous on a GPU
-        before = flat(snapshot)
-        writer.submit(files)
-        steps(1)
-        writer.wait()
-        written = flat(load_checkpoint(files[0][1]))
-        changed = sum(
-            not torch.equal(before[k], t.cpu()) for k, t in flat(files[0][0]).items() if k in before
-        )
-        equal = sum(torch.equal(before[k], written[k]) for k in before)
-        row = {
-            "amp": amp,
-            "batch": batch_size,
-            "graph": trainer.graph,
-            "files": [str(path.name) for _, path in files],
-            "megabytes": round(sum(path.stat().st_size for _, path in files) / 2**20, 1),
-            "tensors": len(before),
-            "ms": {k: round(statistics.median(v), 2) for k, v in ms.items()},
-            "snapshot_exact": equal == len(before),
-            "tensors_equal": equal,
-            "tensors_changed_by_the_step": changed,
-        }
+        row = {"amp": amp, "batch": batch_size, **measure(args, trainer, images, targets)}
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
     if args.out:

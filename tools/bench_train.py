@@ -384,12 +384,15 @@ def parse_arm(arm: str) -> tuple[str, dict[str, str]]:
 def worker(args) -> None:
     """One measurement; ``--worker`` is an arm, optionally with falconet keys after colons
     (``falconet:optimizer=adamw:lr0=0.000119``)."""
+    entered = time.perf_counter()
     result = {"arm": args.worker, "batch": args.batch, "measure": args.measure}
     name, args.arm_keys = parse_arm(args.worker)
     try:
         result.update(ARMS[name](args))
     except Exception as exc:  # one failed arm must not lose the others' numbers
         result["error"] = f"{type(exc).__name__}: {exc}"
+    # the arm's whole time, its imports included; spawn() adds the process's (start and exit)
+    result["worker_s"] = round(time.perf_counter() - entered, 1)
     print(MARK + json.dumps(result, default=str), flush=True)
 
 
@@ -430,6 +433,7 @@ def spawn(
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    started = time.perf_counter()
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=args.timeout, env=env
@@ -438,7 +442,9 @@ def spawn(
         return {"arm": arm, "batch": batch, "measure": measure, "error": "timed out"}
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
-            return json.loads(line[len(MARK) :])
+            result = json.loads(line[len(MARK) :])
+            result["process_s"] = round(time.perf_counter() - started, 1)
+            return result
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
     return {"arm": arm, "batch": batch, "measure": measure, "error": " | ".join(tail)}
 
