@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from falconet import Detector
-from falconet.training.callbacks import EVENTS
+from falconet.training.callbacks import EVENTS, CallbackList
 from falconet.training.checkpoint import CheckpointError, load_checkpoint
 from falconet.training.config import ConfigError
 from falconet.training.setup import plan_run
@@ -318,3 +319,29 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_run_with_a_clear_error(
     trainer.weights_dir.write_text("in the way")
     with pytest.raises(CheckpointError, match="writing a checkpoint failed"):
         trainer.fit()
+
+
+def test_the_last_checkpoint_is_on_disk_before_on_train_end(
+    tiny_run, installed_falconet_plugins, monkeypatch
+):
+    """A slow disk (every write held back 0.3 s): a callback that reads last.pt when training
+    ends must find the last epoch's file, not the one before it or none."""
+    from falconet.training import checkpoint
+
+    real_save = checkpoint.save_atomic
+
+    def slow_save(state, path):
+        time.sleep(0.3)
+        return real_save(state, path)
+
+    monkeypatch.setattr(checkpoint, "save_atomic", slow_save)
+    seen = []
+
+    class ReadsLast:
+        def on_train_end(self, trainer):
+            seen.append(load_checkpoint(trainer.weights_dir / "last.pt")["epoch"])
+
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
+    trainer.callbacks = CallbackList([ReadsLast()])
+    trainer.fit()
+    assert seen == [2]
