@@ -213,6 +213,8 @@ def run_falconet(args) -> dict:
         # every epoch's wall time, epoch 1 included: where a short run's time goes
         result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
         result["epoch_batches_s"] = callback.loops  # epoch_s less this: the epochs' ends
+        # seconds from the start of fit to each batch end of epoch 1, on the host's clock
+        result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.ends = clock.ends[1:]
         result["img_s"] = clock.throughput(images)
         result["loss_last_epoch"] = trainer.logged
@@ -247,6 +249,11 @@ class SimpleCallback:
     def __init__(self, clock: EpochClock) -> None:
         self.clock = clock
         self.loops: list[float] = []  # the trainer's own time for each epoch's batches
+        self.first_epoch: list[float] = []  # host clock at each of epoch 1's batch ends
+
+    def on_step_end(self, trainer) -> None:
+        if not self.loops:  # epoch 1: where a run's start-up goes (no sync added)
+            self.first_epoch.append(time.perf_counter())
 
     def on_epoch_end(self, trainer, row) -> None:
         self.clock.tick()
