@@ -2,10 +2,10 @@
 TensorBoard).
 
 The trainer fires ``on_train_start``, ``on_epoch_start``, ``on_step_end`` (after each batch,
-whether or not it stepped the optimizer), ``on_val_end(result)``, ``on_epoch_end(row)`` (the epoch's ``results.csv`` row),
-``on_train_end`` and ``on_exception(exc)``, each with the trainer first. Loggers are callbacks
-like any plugin's; none of them reads device tensors per step (the trainer hands them host
-numbers at its log interval).
+whether or not it stepped the optimizer), ``on_val_end(result)``, ``on_epoch_end(row)`` (the
+epoch's ``results.csv`` row), ``on_train_end`` and ``on_exception(exc)``, each with the
+trainer first. Loggers are callbacks like any plugin's; none of them reads device tensors
+per step (the trainer hands them host numbers at its log interval).
 """
 
 from __future__ import annotations
