@@ -30,12 +30,11 @@ On a machine without CUDA only the comparison runs (fp32 or bf16 autocast on the
 from __future__ import annotations
 
 import copy
-import json
 import types
 
 import torch
 import torch.nn.functional as F
-from first_batch import each_case, new_results, replay_parser  # tools/ is on the path
+from first_batch import each_case, new_results, replay_parser, save_results  # tools/ is on the path
 from torch import nn
 
 VARIANTS = ("before", "up", "head", "pool", "after")
@@ -128,8 +127,7 @@ def main() -> None:
                 f"equal, largest difference {row['max_abs_diff']:.3g}",
                 flush=True,
             )
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+    save_results(args, results)
 
 
 if __name__ == "__main__":

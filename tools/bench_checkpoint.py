@@ -26,12 +26,17 @@ Any device; on the CPU the same measurement runs against that machine's disk.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import torch
-from first_batch import each_case, new_results, replay_parser  # tools/ is on the path
+from first_batch import (  # tools/ is on the path
+    add_row,
+    each_case,
+    new_results,
+    replay_parser,
+    save_results,
+)
 
 from falconet.training.checkpoint import CheckpointWriter, host_copy, load_checkpoint, save_atomic
 
@@ -123,10 +128,8 @@ def main() -> None:
         args, "checkpoint", graph=args.graph
     ):
         row = {"amp": amp, "batch": batch_size, **measure(args, trainer, images, targets)}
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        add_row(results, row)
+    save_results(args, results)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,14 @@ Without CUDA each part runs once eagerly (the script's own check) and nothing is
 
 from __future__ import annotations
 
-import json
-
 import torch
-from first_batch import each_case, new_results, replay_parser  # tools/ is on the path
+from first_batch import (  # tools/ is on the path
+    add_row,
+    each_case,
+    new_results,
+    replay_parser,
+    save_results,
+)
 
 from falconet_graphs_cuda.static_step import StaticStep
 
@@ -73,10 +77,8 @@ def main() -> None:
         row["ms"] = {n: sorted(t)[len(t) // 2] if t else None for n, t in times.items()}
         if timed:
             row["parts_sum_ms"] = sum(v for n, v in row["ms"].items() if n != "update (whole)")
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        add_row(results, row)
+    save_results(args, results)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ the results file's head."""
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,3 +62,15 @@ def new_results() -> dict:
     """The results file's head: torch's version and the device the rows were timed on."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"torch": torch.__version__, "device": device, "rows": []}
+
+
+def add_row(results: dict, row: dict) -> None:
+    """One measured row: kept for the results file and printed as a JSON line."""
+    results["rows"].append(row)
+    print(json.dumps(row), flush=True)
+
+
+def save_results(args, results: dict) -> None:
+    """The results file, when ``--out`` was given."""
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
