@@ -34,20 +34,25 @@ def ciou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Complete IoU of matching boxes ``a [..., 4]`` and ``b [..., 4]``: ``[...]``.
 
     IoU minus the normalised centre distance minus the aspect-ratio consistency term.
+
+    The coordinates are taken with one ``unbind`` per box tensor, not one index per use:
+    each of the 16 indexings of the predicted boxes had a backward of its own (a zero
+    ``[..., 4]`` tensor with one column written), summed into the boxes' gradient one full
+    tensor at a time; ``unbind`` sums each column's uses and stacks the four columns once.
+    The values are the same, and so is every gradient (adding a zero column is exact).
     """
-    wa, ha = (a[..., 2] - a[..., 0]).clamp(min=0), (a[..., 3] - a[..., 1]).clamp(min=0)
-    wb, hb = (b[..., 2] - b[..., 0]).clamp(min=0), (b[..., 3] - b[..., 1]).clamp(min=0)
-    iw = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp(min=0)
-    ih = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp(min=0)
+    ax1, ay1, ax2, ay2 = a.unbind(-1)
+    bx1, by1, bx2, by2 = b.unbind(-1)
+    wa, ha = (ax2 - ax1).clamp(min=0), (ay2 - ay1).clamp(min=0)
+    wb, hb = (bx2 - bx1).clamp(min=0), (by2 - by1).clamp(min=0)
+    iw = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp(min=0)
+    ih = (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp(min=0)
     inter = iw * ih
     iou = inter / (wa * ha + wb * hb - inter + EPS)
-    cw = torch.maximum(a[..., 2], b[..., 2]) - torch.minimum(a[..., 0], b[..., 0])
-    ch = torch.maximum(a[..., 3], b[..., 3]) - torch.minimum(a[..., 1], b[..., 1])
+    cw = torch.maximum(ax2, bx2) - torch.minimum(ax1, bx1)
+    ch = torch.maximum(ay2, by2) - torch.minimum(ay1, by1)
     diagonal = cw**2 + ch**2 + EPS
-    centre = (
-        (a[..., 0] + a[..., 2] - b[..., 0] - b[..., 2]) ** 2
-        + (a[..., 1] + a[..., 3] - b[..., 1] - b[..., 3]) ** 2
-    ) / 4
+    centre = ((ax1 + ax2 - bx1 - bx2) ** 2 + (ay1 + ay2 - by1 - by2) ** 2) / 4
     v = (4 / math.pi**2) * (torch.atan(wb / (hb + EPS)) - torch.atan(wa / (ha + EPS))) ** 2
     with torch.no_grad():
         alpha = v / (v - iou + (1 + EPS))
