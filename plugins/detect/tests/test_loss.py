@@ -137,3 +137,36 @@ def test_an_assigner_without_box_rows_is_called_as_before():
     old, _ = YoloLoss(PerSlotOnly())((box, cls, anchors, strides), batch)
     new, _ = YoloLoss(TAL)((box, cls, anchors, strides), batch)
     assert torch.equal(old, new)
+
+
+def two_gather_dfl(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The former DFL: one gather per bin."""
+    left = target.long()
+    right_weight = target - left
+    log_probs = logits.log_softmax(-1)
+    loss = -(
+        log_probs.gather(-1, left[..., None]).squeeze(-1) * (1 - right_weight)
+        + log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1) * right_weight
+    )
+    return loss.mean(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dfl_with_one_gather_equals_one_gather_per_bin_with_its_gradient(dtype):
+    """Targets across the whole range (0 and the clamp's top, 14.99, included): the value and
+    the logits' gradient bit for bit the two-gather form's."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 300, 4, REG_MAX, generator=gen, dtype=dtype)
+    target = torch.rand(2, 300, 4, generator=gen, dtype=dtype) * (REG_MAX - 1 - 0.01)
+    target[0, :3] = 0.0
+    target[1, :3] = REG_MAX - 1 - 0.01
+    weight = torch.rand(2, 300, generator=gen, dtype=dtype)
+    values, grads = [], []
+    for fn in (two_gather_dfl, YoloLoss._dfl):
+        x = logits.clone().requires_grad_()
+        value = fn(x, target)
+        (grad,) = torch.autograd.grad((value * weight).sum(), x)
+        values.append(value.detach())
+        grads.append(grad)
+    assert torch.equal(values[0], values[1])
+    assert torch.equal(grads[0], grads[1])
