@@ -13,6 +13,8 @@
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-4 of 4, batch 16,
 #           ab_e2e_arms (fp16 whole-step by default)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
+#   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
+#           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
 set -uo pipefail
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
@@ -55,6 +57,10 @@ for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
     checkpoint)
       timeout "${checkpoint_timeout:-120}" python bench_checkpoint.py \
         --data "$data/coco128.yaml" --amp fp16 --batch 16 --graph whole-step --out "$out" ;;
+    startup)
+      timeout "${startup_timeout:-300}" python bench_startup.py --data "$data/coco128.yaml" \
+        --arms "${ab_startup_arms:-graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16}" \
+        --epochs 3 --batch 16 --timeout "${startup_timeout:-300}" --out "$out" ;;
     *) echo "unknown job $name" >&2 ;;
   esac > "$log.out" 2> "$log.err"
   echo "$n $name $side: rc $? in $((SECONDS - start)) s"

@@ -1,0 +1,259 @@
+"""Where a short training run's wall time goes, from the process's start to its exit.
+
+For a fine-tune of a few minutes the step is not the only cost: the interpreter and imports,
+the data check and the RAM cache, the model on the device, the loader's workers, the first
+batches (kernel loading, cuDNN's autotuning, graph recordings) and the process's exit all
+count. Each measurement runs one training in a fresh process, as ``falconet train`` does
+(``plan_run`` then ``Trainer.fit``), and records on the wall clock (seconds from the spawn):
+
+* ``python``: the child's first statement (interpreter start); ``imports``: torch, falconet
+  and its plugins imported; ``plan``: the run planned (keys, data yaml, model recipe);
+  ``trainer``: the trainer built (data checks, RAM cache, model on the device, loaders, graph
+  backend); ``first_batch`` and ``epoch1``: the ends of epoch 1's first batch and of epoch 1;
+  ``fit``: ``fit`` returned (every epoch done and the checkpoints on disk); ``released``: the
+  trainer dropped and collected (its loader's workers stopped, its device memory and graphs
+  freed); ``exit``: the process gone (the parent's clock);
+* ``epoch_s``: each epoch's wall time; ``first_batches_phases_s``: for each of the first
+  ``--phase-batches`` batches (enough to reach the first optimizer step under ``accumulate``)
+  its phases (``data``, ``to-device``, ..., ``step``), each closed by a device synchronize, so
+  the host wait for a batch and the device's first-use costs are told apart (those batches
+  only: the synchronizes change nothing later);
+* ``log``: the trainer's log lines with their times, which split ``trainer`` further;
+* ``exit_stacks``: when the release and exit take longer than ``--stacks-after`` seconds,
+  every thread's Python stack at that moment (``faulthandler``), to say what they wait for.
+
+    cd tools && python bench_startup.py --data ../.data/coco128/coco128.yaml \\
+        --arms graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16 --repeats 2 \\
+        --epochs 3 --batch 16 --out startup.json
+
+Runs on any device; on the CPU use ``amp_dtype=bf16`` or ``fp32`` in the arms.
+"""
+
+from __future__ import annotations
+
+import time
+
+SPAWNED = time.time()  # the child's first statement (the parent passes its own spawn time)
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+MARK = "STARTUP "
+POINTS = (
+    "python", "imports", "plan", "trainer", "first_batch", "epoch1", "fit", "released", "exit",
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ child
+class _Timeline:
+    """Callbacks and a phase timer that stamp a run's milestones on the wall clock."""
+
+    def __init__(self, origin: float, synchronize, phase_batches: int) -> None:
+        self.origin, self.synchronize = origin, synchronize
+        self.points: dict[str, float] = {}
+        self.epoch_ends: list[float] = []
+        self.phase_batches = phase_batches
+        self.phases: list[dict[str, float]] = [{}]  # one dict per timed batch
+        self.log: list[tuple[float, str]] = []
+
+    def now(self) -> float:
+        return round(time.time() - self.origin, 3)
+
+    def mark(self, name: str) -> None:
+        self.points.setdefault(name, self.now())
+
+    # the trainer's phase seam (falconet.training.phases), installed for the first batch
+    def phase(self, name: str):
+        timeline = self
+
+        class _Phase:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timeline.synchronize()
+                spent = time.perf_counter() - self.start
+                phases = timeline.phases[-1]
+                phases[name] = round(phases.get(name, 0.0) + spent, 3)
+
+        return _Phase()
+
+    def on_train_start(self, trainer) -> None:
+        self.mark("fit_start")
+        trainer.phases = self.phase
+
+    def on_step_end(self, trainer) -> None:
+        if "first_batch" not in self.points:
+            self.synchronize()
+            self.mark("first_batch")
+        if len(self.phases) == self.phase_batches:
+            from falconet.training.phases import NO_PHASES
+
+            trainer.phases, self.phase_batches = NO_PHASES, 0  # those batches only
+        elif self.phase_batches:
+            self.phases.append({})
+
+    def on_epoch_end(self, trainer, row) -> None:
+        self.synchronize()
+        self.epoch_ends.append(self.now())
+        self.mark("epoch1")
+
+
+def child(args) -> None:
+    origin = args.spawned
+    timeline_start = SPAWNED - origin
+    import logging
+
+    import torch
+
+    from falconet.plugins import get_plugins
+    from falconet.training.setup import plan_run
+    from falconet.training.trainer import Trainer
+
+    plugins = get_plugins()
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    timeline = _Timeline(origin, sync, args.phase_batches)
+    timeline.points["python"] = round(timeline_start, 3)
+    timeline.mark("imports")
+
+    class _Stamp(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            timeline.log.append((timeline.now(), record.getMessage()[:120]))
+
+    logging.getLogger("falconet").addHandler(_Stamp())
+    logging.getLogger("falconet").setLevel(logging.INFO)
+    keys = dict(
+        data=args.data,
+        model=args.model,
+        epochs=args.epochs,
+        batch=args.batch,
+        imgsz=args.imgsz,
+        workers=args.workers,
+        cache="ram",
+        val=False,
+        plots=False,
+        project=args.tmp,
+        name="run",
+    )
+    keys.update(pair.split("=", 1) for pair in args.child.split(":") if pair)
+    plan = plan_run(keys, plugins)
+    timeline.mark("plan")
+    trainer = Trainer(plan, plugins, [timeline])
+    timeline.mark("trainer")
+    trainer.fit()
+    timeline.mark("fit")
+    ends = [timeline.points["fit_start"], *timeline.epoch_ends]
+    result = {
+        "points": {k: timeline.points[k] for k in POINTS if k in timeline.points},
+        "epoch_s": [round(b - a, 3) for a, b in itertools.pairwise(ends)],
+        "first_batches_phases_s": timeline.phases,
+        "graph": trainer.graph,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "log": timeline.log,
+    }
+    import faulthandler
+    import gc
+
+    # what the release and exit wait for, if they wait: every thread's stack, once, on stderr
+    faulthandler.dump_traceback_later(args.stacks_after, exit=False)
+    del trainer
+    gc.collect()
+    timeline.mark("released")
+    result["points"]["released"] = timeline.points["released"]
+    print(MARK + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------- parent
+def measure(args, arm: str, tmp: Path) -> dict:
+    """One training run of ``arm`` in a fresh process, its milestones and its exit."""
+    spawned = time.time()
+    command = [sys.executable, __file__, "--child", arm, "--spawned", repr(spawned)]
+    options = ("data", "model", "epochs", "batch", "imgsz", "workers", "stacks_after")
+    for option in (*options, "phase_batches"):
+        command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    command += ["--tmp", str(tmp)]
+    stderr_path = tmp / f"stderr-{spawned:.0f}.txt"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        result: dict = {"arm": arm}
+        for line in process.stdout:
+            if line.startswith(MARK):
+                result.update(json.loads(line[len(MARK) :]))
+        try:
+            code = process.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = "killed"
+    gone = round(time.time() - spawned, 3)
+    text = stderr_path.read_text()
+    if "points" not in result:
+        result["error"] = " | ".join(text.strip().splitlines()[-3:]) or f"exit {code}"
+        return result
+    result["points"]["exit"] = gone
+    result["returncode"] = code
+    dump = text.find("Thread 0x")  # faulthandler's dump starts with the first thread's line
+    result["exit_stacks"] = text[dump : dump + 6000] if dump >= 0 else None
+    return result
+
+
+def report(results: list[dict], arms: list[str]) -> str:
+    """Medians per arm: the seconds between consecutive milestones."""
+    lines = [
+        "| arm | " + " | ".join(POINTS) + " | runs |",
+        "| --- | " + " | ".join("---" for _ in POINTS) + " | --- |",
+    ]
+    for arm in arms:
+        runs = [r["points"] for r in results if r["arm"] == arm and "points" in r]
+        cells = []
+        for i, point in enumerate(POINTS):
+            before = POINTS[i - 1] if i else None
+            spans = [p[point] - (p[before] if before else 0.0) for p in runs if point in p]
+            cells.append(f"{statistics.median(spans):.2f}" if spans else "-")
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {len(runs)} |")
+    return "\n".join(lines) + "\n(seconds from the previous milestone; python: from the spawn)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../.data/coco128/coco128.yaml")
+    parser.add_argument("--model", default="yolo-n")
+    parser.add_argument("--arms", default="graph=whole-step:amp_dtype=fp16")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--stacks-after", type=float, default=5.0)
+    parser.add_argument("--phase-batches", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--spawned", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--tmp", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        child(args)
+        return
+    arms = args.arms.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    results: list[dict] = []
+    for repeat in range(args.repeats):
+        for arm in arms if repeat % 2 == 0 else arms[::-1]:
+            results.append(measure(args, arm, tmp))
+            print(json.dumps({k: results[-1].get(k) for k in ("arm", "points", "error")}))
+            if args.out:
+                payload = {"settings": vars(args) | {"out": str(args.out)}, "results": results}
+                args.out.write_text(json.dumps(payload, indent=1, default=str))
+    print(report(results, arms))
+
+
+if __name__ == "__main__":
+    main()
