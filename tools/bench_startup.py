@@ -19,8 +19,12 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
   the host wait for a batch and the device's first-use costs are told apart (those batches
   only: the synchronizes change nothing later);
 * ``log``: the trainer's log lines with their times, which split ``trainer`` further;
+* ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
+  construction and of ``fit``'s start up to the first batch's end;
 * ``exit_stacks``: when the release and exit take longer than ``--stacks-after`` seconds,
-  every thread's Python stack at that moment (``faulthandler``), to say what they wait for.
+  every thread's Python stack at that moment (``faulthandler``), and for each loader worker
+  still alive its state and kernel wait channel (``/proc``) and its own stacks (the workers
+  inherit a ``SIGUSR1`` dump handler), to say what they wait for.
 
     cd tools && python bench_startup.py --data ../.data/coco128/coco128.yaml \\
         --arms graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16 --repeats 2 \\
@@ -36,12 +40,18 @@ import time
 SPAWNED = time.time()  # the child's first statement (the parent passes its own spawn time)
 
 import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
+import pstats  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 MARK = "STARTUP "
@@ -51,6 +61,30 @@ POINTS = (
 
 
 # ------------------------------------------------------------------------------ child
+def _top(profile: cProfile.Profile, count: int = 25) -> str:
+    """The ``count`` functions with the most cumulative time, as pstats prints them."""
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(count)
+    return text.getvalue()[-6000:]
+
+
+def _probe_workers(pids: list[int], after: float) -> None:
+    """After ``after`` seconds, for each loader worker still alive: its state and kernel
+    wait channel on stderr, then SIGUSR1 (its inherited faulthandler dumps its stacks)."""
+    time.sleep(after)
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+            tasks = sorted(Path(f"/proc/{pid}/task").iterdir())
+            waits = [(task / "wchan").read_text() for task in tasks]
+        except OSError:
+            continue  # gone
+        print(f"WORKER {pid} state {state} threads {len(tasks)} wchan {waits}", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.2)
+
+
 class _Timeline:
     """Callbacks and a phase timer that stamp a run's milestones on the wall clock."""
 
@@ -87,10 +121,13 @@ class _Timeline:
     def on_train_start(self, trainer) -> None:
         self.mark("fit_start")
         trainer.phases = self.phase
+        self.profile = cProfile.Profile()
+        self.profile.enable()
 
     def on_step_end(self, trainer) -> None:
         if "first_batch" not in self.points:
             self.synchronize()
+            self.profile.disable()
             self.mark("first_batch")
         if len(self.phases) == self.phase_batches:
             from falconet.training.phases import NO_PHASES
@@ -145,7 +182,15 @@ def child(args) -> None:
     keys.update(pair.split("=", 1) for pair in args.child.split(":") if pair)
     plan = plan_run(keys, plugins)
     timeline.mark("plan")
+    import faulthandler
+    import gc
+
+    # on SIGUSR1 a process dumps its threads' stacks; the loader's workers inherit it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    building = cProfile.Profile()
+    building.enable()
     trainer = Trainer(plan, plugins, [timeline])
+    building.disable()
     timeline.mark("trainer")
     trainer.fit()
     timeline.mark("fit")
@@ -158,12 +203,15 @@ def child(args) -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "log": timeline.log,
+        "profiles": {"trainer": _top(building), "first_batch": _top(timeline.profile)},
     }
-    import faulthandler
-    import gc
-
+    iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers' iterator
+    workers = [w.pid for w in getattr(iterator, "_workers", [])]
     # what the release and exit wait for, if they wait: every thread's stack, once, on stderr
     faulthandler.dump_traceback_later(args.stacks_after, exit=False)
+    threading.Thread(
+        target=_probe_workers, args=(workers, args.stacks_after + 0.5), daemon=True
+    ).start()
     del trainer
     gc.collect()
     timeline.mark("released")
@@ -200,7 +248,7 @@ def measure(args, arm: str, tmp: Path) -> dict:
     result["points"]["exit"] = gone
     result["returncode"] = code
     dump = text.find("Thread 0x")  # faulthandler's dump starts with the first thread's line
-    result["exit_stacks"] = text[dump : dump + 6000] if dump >= 0 else None
+    result["exit_stacks"] = text[dump : dump + 30000] if dump >= 0 else None
     return result
 
 
