@@ -10,9 +10,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
   and its plugins imported; ``plan``: the run planned (keys, data yaml, model recipe);
   ``trainer``: the trainer built (data checks, RAM cache, model on the device, loaders, graph
   backend); ``first_batch`` and ``epoch1``: the ends of epoch 1's first batch and of epoch 1;
-  ``fit``: ``fit`` returned (every epoch done and the checkpoints on disk); ``released``: the
-  trainer dropped and collected (its loader's workers stopped, its device memory and graphs
-  freed); ``exit``: the process gone (the parent's clock);
+  ``fit``: ``fit`` returned (every epoch done and the checkpoints on disk); ``exit``: the
+  process gone (the parent's clock), after the child returned as ``falconet train`` does,
+  leaving the trainer to the interpreter's exit;
 * ``epoch_s``: each epoch's wall time; ``first_batches_phases_s``: for each of the first
   ``--phase-batches`` batches (enough to reach the first optimizer step under ``accumulate``)
   its phases (``data``, ``to-device``, ..., ``step``), each closed by a device synchronize, so
@@ -21,7 +21,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``log``: the trainer's log lines with their times, which split ``trainer`` further;
 * ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
   construction and of ``fit``'s start up to the first batch's end;
-* ``exit_stacks``: when the release and exit take longer than ``--stacks-after`` seconds,
+* ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
+  has returned (left to the exit, or stopped by the trainer);
+* ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
   every thread's Python stack at that moment (``faulthandler``), and for each loader worker
   still alive its state and kernel wait channel (``/proc``) and its own stacks (the workers
   inherit a ``SIGUSR1`` dump handler), to say what they wait for.
@@ -56,7 +58,7 @@ from pathlib import Path  # noqa: E402
 
 MARK = "STARTUP "
 POINTS = (
-    "python", "imports", "plan", "trainer", "first_batch", "epoch1", "fit", "released", "exit",
+    "python", "imports", "plan", "trainer", "first_batch", "epoch1", "fit", "exit",
 )  # fmt: skip
 
 
@@ -66,6 +68,14 @@ def _top(profile: cProfile.Profile, count: int = 25) -> str:
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(count)
     return text.getvalue()[-6000:]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _probe_workers(pids: list[int], after: float) -> None:
@@ -94,6 +104,7 @@ class _Timeline:
         self.epoch_ends: list[float] = []
         self.phase_batches = phase_batches
         self.phases: list[dict[str, float]] = [{}]  # one dict per timed batch
+        self.workers: list[int] = []  # the train loader's worker pids when training ends
         self.log: list[tuple[float, str]] = []
 
     def now(self) -> float:
@@ -135,6 +146,10 @@ class _Timeline:
             trainer.phases, self.phase_batches = NO_PHASES, 0  # those batches only
         elif self.phase_batches:
             self.phases.append({})
+
+    def on_train_end(self, trainer) -> None:
+        iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers
+        self.workers = [w.pid for w in getattr(iterator, "_workers", [])]
 
     def on_epoch_end(self, trainer, row) -> None:
         self.synchronize()
@@ -183,7 +198,6 @@ def child(args) -> None:
     plan = plan_run(keys, plugins)
     timeline.mark("plan")
     import faulthandler
-    import gc
 
     # on SIGUSR1 a process dumps its threads' stacks; the loader's workers inherit it
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -205,17 +219,13 @@ def child(args) -> None:
         "log": timeline.log,
         "profiles": {"trainer": _top(building), "first_batch": _top(timeline.profile)},
     }
-    iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers' iterator
-    workers = [w.pid for w in getattr(iterator, "_workers", [])]
-    # what the release and exit wait for, if they wait: every thread's stack, once, on stderr
+    workers = timeline.workers
+    result["workers_alive_after_fit"] = sum(map(_alive, workers))
+    # what the exit waits for, if it waits: every thread's stack, once, on stderr
     faulthandler.dump_traceback_later(args.stacks_after, exit=False)
     threading.Thread(
         target=_probe_workers, args=(workers, args.stacks_after + 0.5), daemon=True
     ).start()
-    del trainer
-    gc.collect()
-    timeline.mark("released")
-    result["points"]["released"] = timeline.points["released"]
     print(MARK + json.dumps(result), flush=True)
 
 
