@@ -345,3 +345,19 @@ def test_the_last_checkpoint_is_on_disk_before_on_train_end(
     trainer.callbacks = CallbackList([ReadsLast()])
     trainer.fit()
     assert seen == [2]
+
+
+def test_the_loaders_workers_are_stopped_when_fit_returns(tiny_run, installed_falconet_plugins):
+    """Workers left running stop at the interpreter's exit, which PyTorch can make wait 5 s per
+    worker (``falconet.data.loader.stop_workers``): fit ends them itself, train and val."""
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=1, workers=2, val=True)
+    started = []
+
+    class SeesWorkers:
+        def on_epoch_end(self, trainer, row):
+            for loader in (trainer.train_loader, trainer.val_loader):
+                started.extend(loader._iterator._workers)
+
+    trainer.callbacks = CallbackList([SeesWorkers()])
+    trainer.fit()
+    assert len(started) == 4 and not any(w.is_alive() for w in started)

@@ -11,7 +11,13 @@ import pytest
 import torch
 from PIL import Image
 
-from falconet.data.loader import DetectionDataset, EpochSampler, build_loader, collate
+from falconet.data.loader import (
+    DetectionDataset,
+    EpochSampler,
+    build_loader,
+    collate,
+    stop_workers,
+)
 from falconet.data.records import Sample
 from falconet.data.transforms import AugmentConfig
 
@@ -198,3 +204,19 @@ def test_one_iterator_over_many_epochs_gives_the_per_epoch_batches(tmp_path):
     assert [len(b["image_ids"]) for b in spanned] == [4, 4, 2] * 3  # short last batch each epoch
     loader.batch_sampler.set_epochs(1, 3, start=4)  # resume after epoch 1's first batch
     assert len(loader) == 5 and same(per_epoch[4:], list(loader))
+
+
+def test_stop_workers_ends_persistent_workers_and_the_loader_still_works(tmp_path):
+    """Persistent workers outlive their epoch (that is their point) and, left alone, stop only
+    when the iterator is collected or at exit; ``stop_workers`` ends them at once while the
+    loader is still referenced, and the loader's next iteration starts new ones."""
+    dataset = DetectionDataset(known_pixels(tmp_path / "img", 8), 96, augment=None)
+    loader = build_loader(dataset, 4, workers=2, shuffle=False)
+    first = list(loader)
+    workers = list(loader._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)  # persistent
+    stop_workers(loader)
+    assert not any(w.is_alive() for w in workers)
+    assert same(first, list(loader))  # new workers, same batches
+    stop_workers(loader)
+    stop_workers(build_loader(dataset, 4, workers=0))  # no workers: nothing to stop

@@ -273,6 +273,26 @@ def _worker_init(_worker_id: int) -> None:
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe
 
 
+def stop_workers(loader: torch.utils.data.DataLoader) -> None:
+    """Stop a loader's persistent workers now, while the run can still wait for them.
+
+    Left alone, they stop when their iterator is collected or at the interpreter's exit, and
+    both can take 5 s per worker: PyTorch (2.11 on the GPU machine) joins each pinned-memory
+    worker at exit with a 5 s timeout before telling it to stop (pytorch/pytorch#81794), and a
+    collection of the trainer's reference cycles can close the queues that carry the stop
+    signal before the iterator sends it. With 8 workers that was 40 s after the last epoch
+    (``tools/bench_startup.py``, docs/performance.md). Stopping them here sends the signal
+    through live queues; the loader stays usable (its next ``iter`` starts new workers).
+    """
+    iterator = getattr(loader, "_iterator", None)  # where DataLoader keeps persistent workers
+    if iterator is None:
+        return
+    loader._iterator = None
+    shutdown = getattr(iterator, "_shutdown_workers", None)  # absent without workers
+    if shutdown is not None:
+        shutdown()
+
+
 def build_loader(
     dataset: DetectionDataset,
     batch: int,
@@ -287,7 +307,8 @@ def build_loader(
     """A DataLoader over ``dataset`` whose batches come from an :class:`EpochBatchSampler`
     (``loader.batch_sampler``; one epoch unless ``set_epochs`` spans more).
 
-    Workers are persistent (no re-fork per epoch); pinned memory when CUDA is present.
+    Workers are persistent (no re-fork per epoch; :func:`stop_workers` ends them); pinned
+    memory when CUDA is present.
     """
     sampler = EpochSampler(
         len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size

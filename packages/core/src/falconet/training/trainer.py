@@ -28,6 +28,7 @@ import torch
 import yaml
 
 from falconet import __version__
+from falconet.data.loader import stop_workers
 from falconet.data.records import DataError
 from falconet.data.resolve import load_dataset
 from falconet.data.targets import TARGET_KEYS
@@ -182,6 +183,9 @@ class Trainer:
             raise
         finally:
             self._batches = None  # what the workers prepared beyond the last epoch is dropped
+            for loader in (self.train_loader, self.val_loader):
+                if loader is not None:
+                    stop_workers(loader)  # now, not 5 s per worker at exit (stop_workers)
         return self.summary()
 
     def request_stop(self, reason: str) -> None:
