@@ -64,10 +64,13 @@ POINTS = (
 
 # ------------------------------------------------------------------------------ child
 def _top(profile: cProfile.Profile, count: int = 25) -> str:
-    """The ``count`` functions with the most cumulative time, as pstats prints them."""
+    """The ``count`` functions with the most cumulative time, as pstats prints them, then the
+    project's own (``falconet``), which say which of its calls the time goes under."""
     text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(count)
-    return text.getvalue()[-6000:]
+    stats = pstats.Stats(profile, stream=text).sort_stats("cumulative")
+    stats.print_stats(count)
+    stats.print_stats("falconet", count)
+    return text.getvalue()[-12000:]
 
 
 def _alive(pid: int) -> bool:
