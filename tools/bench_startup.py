@@ -21,6 +21,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``log``: the trainer's log lines with their times, which split ``trainer`` further;
 * ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
   construction and of ``fit``'s start up to the first batch's end;
+* ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
+  (synchronized) to the validation's end (prediction, postprocessing, the COCO evaluation),
+  and the second validation's profile in ``profiles``;
 * ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
   has returned (left to the exit, or stopped by the trainer);
 * ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
@@ -108,6 +111,10 @@ class _Timeline:
         self.phase_batches = phase_batches
         self.phases: list[dict[str, float]] = [{}]  # one dict per timed batch
         self.workers: list[int] = []  # the train loader's worker pids when training ends
+        self.batches_in_epoch = 0
+        self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
+        self.validations: list[float] = []  # each validation's end
+        self.val_profile = cProfile.Profile()  # the second validation
         self.log: list[tuple[float, str]] = []
 
     def now(self) -> float:
@@ -132,6 +139,9 @@ class _Timeline:
 
         return _Phase()
 
+    def on_epoch_start(self, trainer) -> None:
+        self.batches_in_epoch = 0
+
     def on_train_start(self, trainer) -> None:
         self.mark("fit_start")
         trainer.phases = self.phase
@@ -143,12 +153,24 @@ class _Timeline:
             self.synchronize()
             self.profile.disable()
             self.mark("first_batch")
+        self.batches_in_epoch += 1
+        if self.batches_in_epoch == trainer.steps_in_epoch:
+            self.synchronize()
+            self.last_batch_ends.append(self.now())  # the epoch's batches done: validation next
+            if len(self.last_batch_ends) == 2 and trainer.val_loader is not None:
+                self.val_profile.enable()
         if len(self.phases) == self.phase_batches:
             from falconet.training.phases import NO_PHASES
 
             trainer.phases, self.phase_batches = NO_PHASES, 0  # those batches only
         elif self.phase_batches:
             self.phases.append({})
+
+    def on_val_end(self, trainer, result) -> None:
+        """A validation ends (after the epoch's last batch, before the epoch's end)."""
+        self.validations.append(self.now())
+        if len(self.validations) == 2:  # the second: the first has its own warm-up
+            self.val_profile.disable()
 
     def on_train_end(self, trainer) -> None:
         iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers
@@ -220,7 +242,15 @@ def child(args) -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "log": timeline.log,
-        "profiles": {"trainer": _top(building), "first_batch": _top(timeline.profile)},
+        "val_s": [  # each validation: from the epoch's last batch to the validation's end
+            round(end - start, 3)
+            for start, end in zip(timeline.last_batch_ends, timeline.validations, strict=False)
+        ],
+        "profiles": {
+            "trainer": _top(building),
+            "first_batch": _top(timeline.profile),
+            "validation": _top(timeline.val_profile) if len(timeline.validations) > 1 else None,
+        },
     }
     workers = timeline.workers
     result["workers_alive_after_fit"] = sum(map(_alive, workers))

@@ -18,6 +18,9 @@
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
 set -uo pipefail
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
+# bytecode written once and reused by the call's later processes, as an installation's .pyc
+# files are (the machine's torch has none, and compiling its modules took 3-4 s a process)
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 root=$PWD
 base_path=$PATH
 data=$root/.data/coco128
