@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -361,3 +362,53 @@ def test_the_loaders_workers_are_stopped_when_fit_returns(tiny_run, installed_fa
     trainer.callbacks = CallbackList([SeesWorkers()])
     trainer.fit()
     assert len(started) == 4 and not any(w.is_alive() for w in started)
+
+
+def test_the_val_batches_are_started_with_a_validating_epoch_and_score_the_same(
+    tiny_run, installed_falconet_plugins
+):
+    """An epoch that ends with a validation starts the val loader's workers at its start (so
+    its batches are ready when training ends); the metrics are those of a validation that
+    starts its loader only then (the same weights, after fit)."""
+    trainer = _trainer(
+        tiny_run, installed_falconet_plugins, epochs=3, workers=2, val=True, val_interval=2
+    )
+    started, results = [], []
+
+    class Sees:
+        def on_epoch_start(self, trainer):
+            started.append(trainer._val_batches is not None)
+
+        def on_val_end(self, trainer, result):
+            results.append(result.stats)
+
+    trainer.callbacks = CallbackList([Sees()])
+    trainer.fit()
+    assert started == [False, True, True]  # epoch 2 (every 2nd) and epoch 3 (the last)
+    assert len(results) == 2
+    assert trainer.validate().stats == results[-1]  # loader started afresh, after fit
+
+
+def test_a_validation_from_a_started_iterator_predicts_what_the_loader_gives(
+    tiny_run, installed_falconet_plugins
+):
+    """The consuming side of the early start: an iterator whose workers started earlier gives
+    the same detections, image for image, as the loader iterated afresh (random weights, so
+    every image has detections above conf=0.001; the metrics of the test above are zero)."""
+    from falconet.training import validation
+
+    trainer = _trainer(tiny_run, installed_falconet_plugins, workers=2, val=True)
+    model = trainer.model.eval()
+
+    def predict(batches):
+        categories = validation.category_ids(trainer.dataset)
+        return validation.predict_split(
+            model, trainer.family, batches, trainer.device, categories
+        ).state()
+
+    started = iter(trainer.val_loader)
+    time.sleep(0.5)  # the workers prepare the batches meanwhile
+    early, fresh = predict(started), predict(trainer.val_loader)
+    assert len(fresh["images"]) == 8 and fresh["counts"].min() > 0
+    assert early.keys() == fresh.keys()
+    assert all(np.array_equal(early[k], fresh[k]) for k in fresh)

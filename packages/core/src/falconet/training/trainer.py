@@ -100,6 +100,7 @@ class Trainer:
         self.train_loader, self.val_loader = build_loaders(cfg, self.dataset, self.device)
         self.steps_in_epoch = self.train_loader.batch_sampler.batches_per_epoch
         self._batches: Iterator[dict[str, Any]] | None = None  # one iterator over all epochs
+        self._val_batches: Iterator[dict[str, Any]] | None = None  # started with the epoch
         self.accumulate = max(round(cfg.nbs / cfg.batch), 1)
         self.optimizer = build_optimizer(self.model, cfg, self.accumulate)
         self.schedule = Schedule(cfg, math.ceil(self.steps_in_epoch / self.accumulate))
@@ -183,6 +184,7 @@ class Trainer:
             raise
         finally:
             self._batches = None  # what the workers prepared beyond the last epoch is dropped
+            self._val_batches = None
             for loader in (self.train_loader, self.val_loader):
                 if loader is not None:
                     stop_workers(loader)  # now, not 5 s per worker at exit (stop_workers)
@@ -203,6 +205,10 @@ class Trainer:
         ended it early."""
         cfg, device = self.cfg, self.device
         self.model.train()
+        if self._validation_due():
+            # the val loader's workers prepare their batches while this epoch trains, instead
+            # of after its last step (validation waited on them: docs/performance.md)
+            self._val_batches = iter(self.val_loader)
         self.callbacks.fire("on_epoch_start", self)
         sums = good = bad_run = worst = None
         names: list[str] = []
@@ -320,10 +326,17 @@ class Trainer:
             )
 
     # ------------------------------------------------------------------------- validation
+    def _validation_due(self) -> bool:
+        """Whether the current epoch ends with a validation (every ``val_interval`` and the
+        last)."""
+        last = self.epoch + 1 == self.cfg.epochs
+        return self.val_loader is not None and (
+            (self.epoch + 1) % self.cfg.val_interval == 0 or last
+        )
+
     def _validate_if_due(self) -> dict[str, Any]:
         cfg = self.cfg
-        last = self.epoch + 1 == cfg.epochs
-        if self.val_loader is None or not ((self.epoch + 1) % cfg.val_interval == 0 or last):
+        if not self._validation_due():
             return dict.fromkeys(METRIC_COLUMNS, "")  # every row has the same columns
         result = self.validate()
         score = validation.fitness(result, cfg.metric)
@@ -347,10 +360,11 @@ class Trainer:
         """Evaluate the EMA weights (the model's, without EMA) on the val split."""
         module = self.ema.module if self.ema is not None else self.model
         module.eval()
+        batches, self._val_batches = self._val_batches, None  # started with the epoch, if due
         accumulator = validation.predict_split(
             module,
             self.family,
-            self.val_loader,
+            self.val_loader if batches is None else batches,
             self.device,
             validation.category_ids(self.dataset),
             autocast=self.precision.autocast(self.device),

@@ -6,7 +6,7 @@ waits on the host once, not once per batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -83,7 +83,7 @@ def to_original_pixels(
 def predict_split(
     network: Callable[[torch.Tensor], Any],
     family: ModelFamily,
-    loader: torch.utils.data.DataLoader,
+    loader: Iterable[dict[str, Any]],
     device: torch.device,
     categories: Sequence[int],
     *,
@@ -92,7 +92,8 @@ def predict_split(
     iou: float = 0.7,
     max_det: int = 300,
 ) -> DetectionAccumulator:
-    """Detections for every image of ``loader``, in original pixels, accumulated."""
+    """Detections for every image of ``loader`` (a val loader, or an iterator over one that
+    its workers have already started on), in original pixels, accumulated."""
     accumulator = DetectionAccumulator(categories)
     for batch in loader:
         images = batch["images"].to(device, non_blocking=True).float().div_(255)
