@@ -24,6 +24,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
   (synchronized) to the validation's end (prediction, postprocessing, the COCO evaluation),
   and the second validation's profile in ``profiles``;
+* ``epoch_end_s``: each epoch's end, from its last batch (synchronized) to the next epoch's
+  start (validation, the epoch's row, callbacks, the checkpoint's snapshot), and the second
+  one's profile in ``profiles``;
 * ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
   has returned (left to the exit, or stopped by the trainer);
 * ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
@@ -114,7 +117,10 @@ class _Timeline:
         self.batches_in_epoch = 0
         self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
         self.validations: list[float] = []  # each validation's end
+        self.epoch_starts: list[float] = []  # each epoch's start (before its first batch)
         self.val_profile = cProfile.Profile()  # the second validation
+        self.end_profile = cProfile.Profile()  # the second epoch's end, validation included
+        self.end_profiled = False
         self.log: list[tuple[float, str]] = []
 
     def now(self) -> float:
@@ -141,6 +147,10 @@ class _Timeline:
 
     def on_epoch_start(self, trainer) -> None:
         self.batches_in_epoch = 0
+        self.epoch_starts.append(self.now())
+        if len(self.epoch_starts) == 3:  # the second epoch's end is over
+            self.end_profile.disable()
+            self.end_profiled = True
 
     def on_train_start(self, trainer) -> None:
         self.mark("fit_start")
@@ -157,8 +167,10 @@ class _Timeline:
         if self.batches_in_epoch == trainer.steps_in_epoch:
             self.synchronize()
             self.last_batch_ends.append(self.now())  # the epoch's batches done: validation next
-            if len(self.last_batch_ends) == 2 and trainer.val_loader is not None:
-                self.val_profile.enable()
+            if len(self.last_batch_ends) == 2:
+                self.end_profile.enable()
+                if trainer.val_loader is not None:
+                    self.val_profile.enable()
         if len(self.phases) == self.phase_batches:
             from falconet.training.phases import NO_PHASES
 
@@ -242,6 +254,10 @@ def child(args) -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "log": timeline.log,
+        "epoch_end_s": [  # from an epoch's last batch (synchronized) to the next one's start
+            round(start - end, 3)
+            for end, start in zip(timeline.last_batch_ends, timeline.epoch_starts[1:], strict=False)
+        ],
         "val_s": [  # each validation: from the epoch's last batch to the validation's end
             round(end - start, 3)
             for start, end in zip(timeline.last_batch_ends, timeline.validations, strict=False)
@@ -250,6 +266,7 @@ def child(args) -> None:
             "trainer": _top(building),
             "first_batch": _top(timeline.profile),
             "validation": _top(timeline.val_profile) if len(timeline.validations) > 1 else None,
+            "epoch_end": _top(timeline.end_profile) if timeline.end_profiled else None,
         },
     }
     workers = timeline.workers
