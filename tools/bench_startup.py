@@ -22,11 +22,12 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
   construction and of ``fit``'s start up to the first batch's end;
 * ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
-  (synchronized) to the validation's end (prediction, postprocessing, the COCO evaluation),
-  and the second validation's profile in ``profiles``;
+  (synchronized) to the validation's end (prediction, postprocessing, the COCO evaluation;
+  the second one is in the epoch end's profile below);
 * ``epoch_end_s``: each epoch's end, from its last batch (synchronized) to the next epoch's
   start (validation, the epoch's row, callbacks, the checkpoint's snapshot), and the second
-  one's profile in ``profiles``;
+  one's profile in ``profiles`` (one profiler at a time: Python 3.12 allows no more; there it
+  also covers other threads, such as the checkpoint writer's);
 * ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
   has returned (left to the exit, or stopped by the trainer);
 * ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
@@ -118,7 +119,6 @@ class _Timeline:
         self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
         self.validations: list[float] = []  # each validation's end
         self.epoch_starts: list[float] = []  # each epoch's start (before its first batch)
-        self.val_profile = cProfile.Profile()  # the second validation
         self.end_profile = cProfile.Profile()  # the second epoch's end, validation included
         self.end_profiled = False
         self.log: list[tuple[float, str]] = []
@@ -169,8 +169,6 @@ class _Timeline:
             self.last_batch_ends.append(self.now())  # the epoch's batches done: validation next
             if len(self.last_batch_ends) == 2:
                 self.end_profile.enable()
-                if trainer.val_loader is not None:
-                    self.val_profile.enable()
         if len(self.phases) == self.phase_batches:
             from falconet.training.phases import NO_PHASES
 
@@ -181,8 +179,6 @@ class _Timeline:
     def on_val_end(self, trainer, result) -> None:
         """A validation ends (after the epoch's last batch, before the epoch's end)."""
         self.validations.append(self.now())
-        if len(self.validations) == 2:  # the second: the first has its own warm-up
-            self.val_profile.disable()
 
     def on_train_end(self, trainer) -> None:
         iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers
@@ -265,7 +261,6 @@ def child(args) -> None:
         "profiles": {
             "trainer": _top(building),
             "first_batch": _top(timeline.profile),
-            "validation": _top(timeline.val_profile) if len(timeline.validations) > 1 else None,
             "epoch_end": _top(timeline.end_profile) if timeline.end_profiled else None,
         },
     }
