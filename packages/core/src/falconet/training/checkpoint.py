@@ -14,7 +14,7 @@ at the epoch's end (so the next epoch's updates cannot reach the file) and seria
 fsynced on a background thread while the next epoch trains. Written in place, yolo-n's two
 files (61 MB with the optimizer state, two fsyncs) held the training thread 0.20 s on the
 H200 machine, where whole-step trains 512 images at batch 16 in about 0.4 s; the snapshot
-takes 25 ms of it (tools/bench_checkpoint.py, docs/performance.md).
+takes 12-25 ms of it (two calls; tools/bench_checkpoint.py, docs/performance.md).
 """
 
 from __future__ import annotations
