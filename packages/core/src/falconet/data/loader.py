@@ -277,12 +277,13 @@ def stop_workers(loader: torch.utils.data.DataLoader) -> None:
     """Stop a loader's persistent workers now, while the run can still wait for them.
 
     Left alone, they stop when their iterator is collected or at the interpreter's exit, and
-    both can take 5 s per worker: PyTorch (2.11 on the GPU machine) joins each pinned-memory
-    worker at exit with a 5 s timeout before telling it to stop (pytorch/pytorch#81794), and a
-    collection of the trainer's reference cycles can close the queues that carry the stop
-    signal before the iterator sends it. With 8 workers that was 40 s after the last epoch
-    (``tools/bench_startup.py``, docs/performance.md). Stopping them here sends the signal
-    through live queues; the loader stays usable (its next ``iter`` starts new workers).
+    both were seen to take 5 s per worker: PyTorch 2.11 (the GPU machine's) joins each
+    pinned-memory worker at exit with a 5 s timeout before telling it to stop
+    (pytorch/pytorch#81794), and once a garbage collection of a dropped trainer waited as long
+    inside the iterator's own shutdown (cause not found). With 8 workers that was 40 s after
+    the last epoch (``tools/bench_startup.py``, docs/performance.md). Stopped here, while
+    the run still holds the loader, they exit at once; the loader stays usable (its next
+    ``iter`` starts new workers).
     """
     iterator = getattr(loader, "_iterator", None)  # where DataLoader keeps persistent workers
     if iterator is None:
