@@ -17,6 +17,24 @@ def test_summary(falconet_cli, profiled_run: Path):
     assert as_json["kind"] == "falconet-profile-summary" and as_json["gpu_trace"] is False
 
 
+def test_summary_says_there_is_no_gpu_trace_whatever_the_verdict(
+    falconet_cli, profiled_run: Path, tmp_path: Path
+):
+    """A CPU run whose step waited for data: the verdict is ``dataloader``, and the summary
+    must still say that kernel figures were not measured."""
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    doc["verdict"].update(
+        name="dataloader", reason="the step waited for the next batch 54% of its time (>= 20%)"
+    )
+    assert doc["verdict"]["gpu_trace"] is False
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    done = falconet_cli("profile", "summary", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("profile: dataloader: ")
+    assert "no GPU trace (device cpu): kernel figures were not measured" in done.stdout
+
+
 def test_phases(falconet_cli, profiled_run: Path):
     done = falconet_cli("profile", "phases", str(profiled_run / "profile.json"))
     assert done.returncode == 0, done.stderr

@@ -204,6 +204,9 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
         f"{per_update}; loader wait {_pct(e['loader_wait_fraction'])}; host "
         f"{_num(e['host_ms_per_step'], 2)} ms per step in phases"
     )
+    if not verdict["gpu_trace"] and "no GPU trace" not in verdict["reason"]:
+        # whatever the verdict, say which figures are missing (a CPU run, or no trace taken)
+        lines.append(f"  no GPU trace (device {run['device']}): kernel figures were not measured")
     if verdict["gpu_trace"]:
         lines.append(
             f"  GPU busy {_pct(e['gpu_busy'])}, {_num(e['kernels_per_step'], 0)} kernels per "
