@@ -375,6 +375,7 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
     counters.clear()
     got = train(fused, data, one_bucket)
     assert f"fuse={fuse}: the captured step runs Inductor's kernels" in caplog.text  # said
+    assert f"this run is {fused.precision.name}: check your accuracy" in caplog.text
     assert fused.step_runner.counts["replayed"] >= 2
     # Dynamo compiled what was asked: the network once, the loss once per target bucket
     buckets = sum(len(recorded) for recorded in fused.step_runner.micros.values())

@@ -81,6 +81,20 @@ def test_compute():
     assert sets(decide(evidence(), in_fp16)) == []
 
 
+def test_fuse_reason_follows_the_precision():
+    """The fuse lever quotes what fusion did to accuracy in the run's own precision: it kept
+    the mAP in fp16 and cost about 0.026 in bf16 (docs/performance.md)."""
+
+    def reason(precision):
+        context = Context(device="cuda", graph="whole-step", precision=precision)
+        (lever,) = decide(evidence(), context)["levers"]
+        assert lever["set"] == "fuse=inductor-all"
+        return lever["why"]
+
+    assert "in fp16 it kept the mAP" in reason("fp16") and "0.026" not in reason("fp16")
+    assert "in bf16 it trained to about 0.026 lower" in reason("bf16")
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [
