@@ -13,16 +13,32 @@ The changes, each against the form before it:
   5x1 one, the same maxima and the same winner of a tie, but the backward sums in two steps
   and rounds differently.
 
+Three more, each on top of ``after`` (what the family builds) and compared with it, about the
+copies ``tools/kernel_origins.py`` found in the step:
+
+* ``nchw-pool``: SPPF's three max-pools in the contiguous (NCHW) layout, converted there and
+  back, instead of PyTorch's channels-last max-pool kernels (forward 46 us and backward 75 us
+  per pool at batch 16 on the H200, for a 1.6 MB map);
+* ``dense-chunk``: C2f's first bottleneck reads a dense copy of its half of ``cv1``'s output,
+  so its convolution's backward does not copy the strided half again (the forward already
+  copied it, inside the convolution);
+* ``dense-head``: the gradient reaching each of the head's last convolutions made dense once,
+  where the convolution's backward made it dense twice (once for the input's gradient, once
+  for the weight's);
+* ``copies``: the three together.
+
 For each variant (``before``; ``up``, ``head``, ``pool`` alone; ``after`` = ``up`` + ``head``,
-what the family now builds) one training pass, the network's forward, the trainer's own loss
+what the family now builds; by default, or those of ``--variants``, the first the reference)
+one training pass, the network's forward, the trainer's own loss
 on a real batch of ``--data`` (COCO128's first, at ``--batch``) and the backward to every
 parameter, is recorded as one CUDA graph and replayed: median of ``--repeats`` replays after
 ``--warmup``, over ``--rounds`` rounds taken round-robin (the median of the rounds is
 reported). Every variant starts from the same weights, and its loss and parameter gradients
-are compared with ``before``'s (bit-equal count and largest difference).
+are compared with the reference's (bit-equal count and largest difference).
 
     cd tools && python bench_blocks.py --data ../.data/coco128/coco128.yaml --batch 16,64 \
         --amp fp16,bf16 --out blocks.json
+    cd tools && python bench_blocks.py --variants after,nchw-pool,dense-chunk,dense-head,copies
 
 On a machine without CUDA only the comparison runs (fp32 or bf16 autocast on the CPU).
 """
@@ -38,6 +54,7 @@ from first_batch import each_case, new_results, replay_parser, save_results  # t
 from torch import nn
 
 VARIANTS = ("before", "up", "head", "pool", "after")
+COPY_CHANGES = ("nchw-pool", "dense-chunk", "dense-head")
 
 
 def head_before(self, features):
@@ -54,9 +71,68 @@ def separable_pool(self, x: torch.Tensor) -> torch.Tensor:
     return F.max_pool2d(x, (5, 1), 1, (2, 0))
 
 
+def sppf_nchw_pool(self, x: torch.Tensor) -> torch.Tensor:
+    """The ``nchw-pool`` try: SPPF with its pools in the contiguous layout."""
+    x = self.cv1(x)
+    p1 = self.pool(x.contiguous())
+    p2 = self.pool(p1)
+    p3 = self.pool(p2)
+    cl = torch.channels_last
+    pooled = [p.contiguous(memory_format=cl) for p in (p1, p2, p3)]
+    return self.cv2(torch.cat((x, *pooled), 1))
+
+
+def c2f_dense_chunk(self, x: torch.Tensor) -> torch.Tensor:
+    """The ``dense-chunk`` try: C2f's first bottleneck on a dense copy of its half."""
+    y = list(self.cv1(x).chunk(2, 1))
+    y[-1] = y[-1].clone(memory_format=torch.preserve_format)
+    for block in self.m:
+        y.append(block(y[-1]))
+    return self.cv2(torch.cat(y, 1))
+
+
+class DenseGrad(torch.autograd.Function):
+    """Identity forward; the backward hands on its gradient made dense in the layout of the
+    forward's tensor (one copy, where a convolution's backward would make two)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.channels_last = x.is_contiguous(memory_format=torch.channels_last)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        layout = torch.channels_last if ctx.channels_last else torch.contiguous_format
+        return grad.contiguous(memory_format=layout)
+
+
+def head_dense_grad(self, features):
+    """The ``dense-head`` try: each level's last convolution gets a dense gradient."""
+    from falconet_detect.network import _cells
+
+    def level(branch, f):
+        return _cells(DenseGrad.apply(branch(f)))
+
+    box = torch.cat([level(b, f) for b, f in zip(self.box, features, strict=True)], 1)
+    cls = torch.cat([level(c, f) for c, f in zip(self.cls, features, strict=True)], 1)
+    anchors, strides = self.grid([tuple(f.shape[2:]) for f in features], box.device, torch.float32)
+    return box, cls, anchors, strides
+
+
 def variant(network: nn.Module, name: str) -> nn.Module:
     """A copy of ``network`` (the family's current form) with ``name``'s changes only."""
     net = copy.deepcopy(network)
+    if name in (*COPY_CHANGES, "copies"):  # on top of the current form
+        changes = COPY_CHANGES if name == "copies" else (name,)
+        for module in net.modules():
+            kind = type(module).__name__
+            if kind == "SPPF" and "nchw-pool" in changes:
+                module.forward = types.MethodType(sppf_nchw_pool, module)
+            if kind == "C2f" and "dense-chunk" in changes:
+                module.forward = types.MethodType(c2f_dense_chunk, module)
+        if "dense-head" in changes:
+            net.head.forward = types.MethodType(head_dense_grad, net.head)
+        return net
     keep = {"before": (), "after": ("up", "head")}.get(name, (name,))
     if "up" not in keep:
         net.up = nn.Upsample(scale_factor=2, mode="nearest")
@@ -99,18 +175,20 @@ def compare(got, reference) -> dict:
 
 def main() -> None:
     parser = replay_parser(__doc__)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="the first: reference")
     args = parser.parse_args()
+    names = args.variants.split(",")
     timed = torch.cuda.is_available()
     if timed:
         from graph_replay import replay_ms
     results = new_results()
     for amp, batch_size, trainer, images, targets in each_case(args, "blocks"):
-        nets = {name: variant(trainer.model, name) for name in VARIANTS}
+        nets = {name: variant(trainer.model, name) for name in names}
         first = {n: pass_fn(net, trainer, images, targets)() for n, net in nets.items()}
         rows = {
             name: {"amp": amp, "batch": batch_size, "variant": name, "ms": [],
-                   **compare(first[name], first["before"])}
-            for name in VARIANTS
+                   **compare(first[name], first[names[0]])}
+            for name in names
         }  # fmt: skip
         del first
         for _ in range(args.rounds if timed else 0):
@@ -122,7 +200,7 @@ def main() -> None:
             results["rows"].append(row)
             ms = f"{row['median_ms']:.3f} ms" if row["median_ms"] is not None else "-"
             print(
-                f"{amp} b{batch_size} {row['variant']:>6}: {ms}; loss equal "
+                f"{amp} b{batch_size} {row['variant']:>11}: {ms}; loss equal "
                 f"{row['loss_equal']}, {row['tensors_equal']}/{row['tensors']} tensors "
                 f"equal, largest difference {row['max_abs_diff']:.3g}",
                 flush=True,

@@ -142,3 +142,77 @@ def test_conv_block_activation_copies_nothing_and_trains_as_in_place(dtype):
     (y, grad, names), (y_ref, grad_ref, names_ref) = results
     assert torch.equal(y, y_ref) and torch.equal(grad, grad_ref)
     assert "aten.clone" in names_ref and "aten.clone" not in names
+
+
+def _c2f_strided(self, x):
+    """C2f's forward before its first block read a dense copy of its half."""
+    y = list(self.cv1(x).chunk(2, 1))
+    for block in self.m:
+        y.append(block(y[-1]))
+    return self.cv2(torch.cat(y, 1))
+
+
+def _sppf_in_network_layout(self, x):
+    """SPPF's forward before its pools ran in the contiguous layout."""
+    x = self.cv1(x)
+    p1 = self.pool(x)
+    p2 = self.pool(p1)
+    return self.cv2(torch.cat((x, p1, p2, self.pool(p2)), 1))
+
+
+def _head_without_dense_grad(self, features):
+    """The head's forward before its last convolutions' gradients were made dense."""
+    from falconet_detect.network import _cells
+
+    box = torch.cat([_cells(b(f)) for b, f in zip(self.box, features, strict=True)], 1)
+    cls = torch.cat([_cells(c(f)) for c, f in zip(self.cls, features, strict=True)], 1)
+    anchors, strides = self.grid([tuple(f.shape[2:]) for f in features], box.device, torch.float32)
+    return box, cls, anchors, strides
+
+
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_copy_saving_forms_train_bit_for_bit_as_before(layout, dtype):
+    """C2f's dense half, SPPF's contiguous pools and the head's dense gradients change where
+    copies happen, not a number: the outputs and every parameter's gradient are bit for bit
+    those of the forms they replaced, in either layout; and each does what it is for."""
+    import copy
+    import types
+
+    from falconet_detect.blocks import SPPF, C2f
+
+    torch.manual_seed(0)
+    net = YoloFamily().build_model("yolo-n", num_classes=5).train().to(memory_format=layout)
+    old = copy.deepcopy(net)
+    for module in old.modules():
+        if isinstance(module, C2f):
+            module.forward = types.MethodType(_c2f_strided, module)
+        if isinstance(module, SPPF):
+            module.forward = types.MethodType(_sppf_in_network_layout, module)
+    old.head.forward = types.MethodType(_head_without_dense_grad, old.head)
+    seen: dict[str, list[bool]] = {"pool": [], "block": [], "head_grad": []}
+    sppf = next(m for m in net.modules() if isinstance(m, SPPF))
+    sppf.pool.register_forward_pre_hook(lambda _m, a: seen["pool"].append(a[0].is_contiguous()))
+    first_blocks = [m.m[0] for m in net.modules() if isinstance(m, C2f)]
+    for block in first_blocks:
+        block.register_forward_pre_hook(
+            lambda _m, a: seen["block"].append(a[0].is_contiguous(memory_format=layout))
+        )
+    for branch in (*net.head.box, *net.head.cls):
+        branch[-1].register_full_backward_hook(
+            lambda _m, _gi, go: seen["head_grad"].append(go[0].is_contiguous(memory_format=layout))
+        )
+    images = torch.rand(2, 3, 128, 96).contiguous(memory_format=layout)
+    results = []
+    for model in (net, old):
+        with torch.autocast("cpu", dtype, enabled=dtype != torch.float32):
+            box, cls, _, _ = model(images)
+        loss = box.float().square().mean() + cls.float().sigmoid().sum()
+        params = [p for p in model.parameters() if p.requires_grad]
+        results.append((box, cls, torch.autograd.grad(loss, params)))
+    (box, cls, grads), (box_ref, cls_ref, grads_ref) = results
+    assert torch.equal(box, box_ref) and torch.equal(cls, cls_ref)
+    assert all(torch.equal(g, r) for g, r in zip(grads, grads_ref, strict=True))
+    assert seen["pool"] == [True, True, True]  # the pools read the contiguous layout
+    assert seen["block"] == [True] * len(first_blocks)  # each first block reads a dense half
+    assert seen["head_grad"] == [True] * 6  # every last head convolution gets a dense gradient

