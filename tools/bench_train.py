@@ -164,6 +164,7 @@ def recordings(trainer) -> dict:
 def run_falconet(args) -> dict:
     import torch
 
+    from falconet.data.loader import stop_workers
     from falconet.data.targets import TARGET_KEYS, target_bucket
     from falconet.plugins import get_plugins
     from falconet.training.setup import plan_run
@@ -224,6 +225,9 @@ def run_falconet(args) -> dict:
         trainer = Trainer(plan_run({**keys, "epochs": 1}, plugins), plugins)
         result["graph"] = trainer.graph
         batch = next(iter(trainer.train_loader))
+        # the loader's workers are done: left running, torch 2.11 spent 5 s per worker joining
+        # them at exit (an arm's process outlived its measurement by 40 s; stop_workers)
+        stop_workers(trainer.train_loader)
         device = trainer.device
         images = batch["images"].to(device).float().div_(255)
         targets = {k: batch[k].to(device) for k in TARGET_KEYS}
