@@ -58,9 +58,9 @@ class C2f(nn.Module):
         y = list(self.cv1(x).chunk(2, 1))
         if self.m:
             # In channels-last a half of the channels is a strided view. The first convolution
-            # would copy it densely for its forward and again for its weight's gradient (autograd
-            # keeps the view); copied here once, the copy is what the backward keeps. Same
-            # values, same gradients bit for bit (docs/performance.md, tools/bench_blocks.py).
+            # (cuDNN) would copy it densely for its forward and again for its weight's gradient
+            # (autograd keeps the view); copied here once, the copy is what the backward keeps.
+            # Same values, same gradients bit for bit (docs/performance.md, bench_blocks.py).
             y[-1] = y[-1].clone(memory_format=torch.preserve_format)
         for block in self.m:
             y.append(block(y[-1]))
@@ -73,9 +73,10 @@ class SPPF(nn.Module):
     The pools run in the contiguous (NCHW) layout whatever the network's: PyTorch's
     channels-last max-pool kernels took 46 us forward and 75 us backward per pool on yolo-n's
     20 x 20 map at batch 16 on an H200, and the contiguous ones with the conversions there and
-    back take 0.16 ms less per training pass (docs/performance.md). The maxima are the same in
-    either layout, and so were the winners of ties: the loss and every gradient came out bit
-    for bit the same (fp16 and bf16 on the H200, fp32 on the CPU; tools/bench_blocks.py)."""
+    back take 0.16 ms less per training pass there (no change at batch 64;
+    docs/performance.md). The maxima are the same in either layout, and so were the winners
+    of ties: the loss and every gradient came out bit for bit the same (fp16 and bf16 on the
+    H200, fp32 on the CPU; tools/bench_blocks.py)."""
 
     def __init__(self, c_in: int, c_out: int, k: int = 5) -> None:
         super().__init__()

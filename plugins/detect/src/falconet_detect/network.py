@@ -68,7 +68,7 @@ class _DenseGrad(torch.autograd.Function):
     A level's gradient comes back from the concatenation over cells as a strided slice, and
     a convolution's backward makes its output's gradient dense once for the input's gradient
     and once more for the weight's: one copy here instead of two per head convolution
-    (0.05 ms a training pass at batch 16 on an H200; the same numbers bit for bit)."""
+    (about 0.06 ms a training pass at batch 16 on an H200; the same numbers bit for bit)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:

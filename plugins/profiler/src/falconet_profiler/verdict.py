@@ -40,10 +40,12 @@ THRESHOLDS: dict[str, float] = {
 ``gpu_busy``; ``short_kernel_us`` and ``tensor_core_share`` only shape the evidence and levers."""
 
 FUSE_ACCURACY = {
-    True: "in fp16 it kept the mAP (five seeds: 0.486 against 0.483 mean mAP50-95) and took the "
-    "step from 11.3 to 9.3 ms (yolo-n, batch 16, an H200)",
-    False: "in bf16 it trained to about 0.026 lower mAP50-95 (three seeds; in fp16 it kept "
-    "the mAP), so check accuracy before keeping it",
+    True: "in fp16 it kept the mAP on the overfit check of docs/performance.md (five seeds: "
+    "0.486 against 0.483 mean mAP50-95) and took yolo-n's step at batch 16 on an H200 from "
+    "11.3 to 9.3 ms",
+    False: "in bf16 it trained to about 0.026 lower mAP50-95 on the overfit check of "
+    "docs/performance.md (three seeds; in fp16 it kept the mAP), so check accuracy before "
+    "keeping it",
 }
 """What ``fuse=inductor-all`` did to accuracy, by whether the run is in fp16 (the lever's
 reason quotes it; the numbers are docs/performance.md's)."""
@@ -231,8 +233,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                 why = (
                     "compile the network and the loss with Inductor inside the captured step: "
                     "fewer, fused kernels, a compilation per target bucket at the start; not "
-                    f"bit for bit; {FUSE_ACCURACY[c.precision == 'fp16']} on the overfit check "
-                    "of docs/performance.md"
+                    f"bit for bit; {FUSE_ACCURACY[c.precision == 'fp16']}"
                 )
                 out.append(_lever("fuse", "inductor-all", why))
             if "fp8" in c.precisions and c.precision != "fp8":
