@@ -77,10 +77,39 @@ def test_kernels_with_a_gpu_trace(falconet_cli, profiled_run: Path, tmp_path: Pa
     (tmp_path / "gpu.json").write_text(json.dumps(doc))
     done = falconet_cli("profile", "kernels", "--top", "1", str(tmp_path / "gpu.json"))
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and "sm90_xmma_gemm" in lines[1] and "yes" in lines[1]
+    assert len(lines) == 2 and "matrix product: sm90_xmma_gemm" in lines[1] and "yes" in lines[1]
     gpu_json = str(tmp_path / "gpu.json")
     rows = json.loads(falconet_cli("profile", "kernels", "--json", gpu_json).stdout)
     assert [k["name"] for k in rows["kernels"]] == ["sm90_xmma_gemm", "elementwise_kernel"]
+    assert rows["kernels"][0]["what"] == "matrix product"
+
+
+def test_kernels_by_what_they_do(falconet_cli, profiled_run: Path, tmp_path: Path):
+    """``--by-what`` sums the kernels of one kind: two copy variants become one row."""
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    copy = "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda<c10::Half>>"
+    rows = [
+        (copy + "(a)", 30.0, 0.6, False),
+        ("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwc", 10.0, 0.8, True),
+        (copy + "(b)", 10.0, 0.3, False),
+    ]
+    total = sum(ms for _, _, ms, _ in rows)
+    doc["gpu"] = {
+        "top_kernels": [
+            {"name": name, "calls_per_step": calls, "ms_per_step": ms,
+             "mean_us": 1000 * ms / calls, "share": ms / total, "tensor_core": tc}
+            for name, calls, ms, tc in rows
+        ]
+    }  # fmt: skip
+    (tmp_path / "gpu.json").write_text(json.dumps(doc))
+    args = ("profile", "kernels", "--by-what", "--json", str(tmp_path / "gpu.json"))
+    kinds = json.loads(falconet_cli(*args).stdout)["kernels"]
+    assert [k["what"] for k in kinds] == ["copy (fp16)", "convolution forward (fp16)"]
+    assert kinds[0]["kernels"] == 2 and kinds[0]["calls_per_step"] == 40.0
+    assert kinds[0]["ms_per_step"] == pytest.approx(0.9)
+    assert kinds[0]["mean_us"] == pytest.approx(22.5) and not kinds[0]["tensor_core"]
+    text = falconet_cli(*[a for a in args if a != "--json"]).stdout.splitlines()
+    assert text[1].endswith("copy (fp16)") and len(text) == 3
 
 
 def test_compare_counts_only_beyond_the_spread(falconet_cli, profiled_run: Path, tmp_path: Path):

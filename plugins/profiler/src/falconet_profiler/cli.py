@@ -167,24 +167,56 @@ def phases(path: str, as_json: bool) -> None:
 @profile.command("kernels")
 @click.argument("path", metavar="PROFILE.json")
 @click.option("--top", default=15, show_default=True, type=click.IntRange(1), help="Rows.")
+@click.option(
+    "--by-what",
+    is_flag=True,
+    help="One row per kind of kernel (copy, BatchNorm backward, ...), summed over the "
+    "profile's top 50 kernels.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def kernels(path: str, top: int, as_json: bool) -> None:
-    """The kernels that took the most GPU time, per step."""
+def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
+    """The kernels that took the most GPU time, per step, with what each does."""
+    from falconet_profiler.kernel_names import label
+
     doc = _load(path)
     gpu = doc.get("gpu")
-    rows = (gpu or {}).get("top_kernels", [])[:top]
+    # profiles written before the labels existed get them here
+    rows = [{**row, "what": label(row["name"])} for row in (gpu or {}).get("top_kernels", [])]
+    if by_what:
+        rows = _by_what(rows)
+    rows = rows[:top]
     if as_json:
         _echo_json({"gpu_trace": gpu is not None, "kernels": rows})
         return
     if gpu is None:
         click.echo(f"no GPU trace (device {doc['run']['device']}): no kernel figures")
         return
-    click.echo(f"{'ms/step':>8} {'calls/step':>10} {'mean µs':>8} {'share':>6} TC  kernel")
+    click.echo(f"{'ms/step':>8} {'calls/step':>10} {'mean µs':>8} {'share':>6} TC  what")
     for row in rows:
+        named = row["what"] if by_what else f"{row['what']}: {row['name'][:70]}"
         click.echo(
             f"{row['ms_per_step']:>8.3f} {row['calls_per_step']:>10.1f} {row['mean_us']:>8.1f} "
-            f"{row['share']:>6.1%} {'yes' if row['tensor_core'] else 'no ':<3} {row['name'][:90]}"
+            f"{row['share']:>6.1%} {'yes' if row['tensor_core'] else 'no ':<3} {named}"
         )
+
+
+def _by_what(rows: list[dict]) -> list[dict]:
+    """Kernel rows summed by what they do, largest first (Tensor Core if any of them is)."""
+    groups: dict[str, dict] = {}
+    for row in rows:
+        group = groups.setdefault(
+            row["what"],
+            {"what": row["what"], "kernels": 0, "calls_per_step": 0.0, "ms_per_step": 0.0,
+             "share": 0.0, "tensor_core": False},
+        )  # fmt: skip
+        group["kernels"] += 1
+        group["calls_per_step"] += row["calls_per_step"]
+        group["ms_per_step"] += row["ms_per_step"]
+        group["share"] += row["share"]
+        group["tensor_core"] |= bool(row["tensor_core"])
+    for group in groups.values():
+        group["mean_us"] = 1000 * group["ms_per_step"] / max(group["calls_per_step"], 1e-9)
+    return sorted(groups.values(), key=lambda g: -g["ms_per_step"])
 
 
 @profile.command("compare")

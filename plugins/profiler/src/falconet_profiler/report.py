@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from falconet_profiler import SCHEMA
+from falconet_profiler.kernel_names import label
 
 KIND = "falconet-profile"
 PROFILE = "profile.json"
@@ -228,7 +229,7 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
         shown = "  ".join(f"{k} {v['ms_per_batch']:.2f}" for k, v in phases.items())
         lines.append(f"  phases (synchronised, ms per batch): {shown}")
     if e.get("top_kernels"):
-        lines.append(f"  top kernels: {'; '.join(name[:60] for name in e['top_kernels'])}")
+        lines.append(f"  top kernels: {'; '.join(label(name) for name in e['top_kernels'])}")
     for other in verdict.get("also", []):
         lines.append(f"  also: {other}")
     if verdict["levers"]:

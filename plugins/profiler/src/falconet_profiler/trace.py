@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from falconet_profiler import kernel_names
+
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 SYNC_CALLS = frozenset(
@@ -187,7 +189,8 @@ def _tensor_core_share(kernels: list[dict[str, Any]]) -> float:
 
 
 def top_kernels(kernels: list[dict[str, Any]], steps: int, top: int = 50) -> list[dict[str, Any]]:
-    """Kernels by total time: name, calls per step, ms per step, mean µs, share, Tensor Core."""
+    """Kernels by total time: name, what it does (:func:`kernel_names.label`), calls per step,
+    ms per step, mean µs, share, Tensor Core."""
     table: dict[str, list[float]] = {}
     for event in kernels:
         table.setdefault(event["name"], []).append(float(event.get("dur", 0)))
@@ -197,6 +200,7 @@ def top_kernels(kernels: list[dict[str, Any]], steps: int, top: int = 50) -> lis
     return [
         {
             "name": name,
+            "what": kernel_names.label(name),
             "calls_per_step": len(durations) / steps,
             "ms_per_step": sum(durations) / 1000 / steps,
             "mean_us": sum(durations) / len(durations),
