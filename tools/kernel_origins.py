@@ -26,19 +26,10 @@ import torch
 from first_batch import add_row, new_results, replay_parser, save_results, trainer_and_batch
 from torch.profiler import ProfilerActivity, profile
 
+from falconet_profiler.kernel_names import label  # what a kernel does, by its name
+
 # names of the profiler's own or the harness's frames, dropped from a chain
 SKIP = re.compile(r"^(ProfilerStep|cudaLaunch|cuda|## |<built-in|Optimizer\.)")
-
-
-def short_kernel(name: str) -> str:
-    """A kernel's name without its template arguments' bodies: enough to tell kinds apart."""
-    name = re.sub(r"\(.*", "", name)
-    for key in ("direct_copy", "float16_copy", "bfloat16_copy", "CatArray", "CUDAFunctor_add",
-                "silu", "batchnorm", "BinaryFunctor", "reduce_kernel", "fill", "where",
-                "index", "mul", "wgrad", "dgrad", "fprop"):  # fmt: skip
-        if key in name:
-            return key
-    return name[:60]
 
 
 def chain(event) -> list[str]:
@@ -72,7 +63,7 @@ def origins(trainer, images, targets, warmup: int) -> list[dict]:
         ][-3:]
         shapes = str(event.input_shapes)[:160]
         for kernel in event.kernels:
-            group = groups[(short_kernel(kernel.name), " > ".join(key_ops), shapes)]
+            group = groups[(label(kernel.name), " > ".join(key_ops), shapes)]
             group["calls"] += 1
             group["us"] += kernel.duration
     rows = [
@@ -83,7 +74,7 @@ def origins(trainer, images, targets, warmup: int) -> list[dict]:
 
 def main() -> None:
     parser = replay_parser(__doc__)
-    parser.add_argument("--match", default="", help="keep kernel kinds matching this regex")
+    parser.add_argument("--match", default="", help="keep kernels whose kind matches (copy)")
     parser.add_argument("--graph", default="eager")
     parser.add_argument("--top", type=int, default=60)
     args = parser.parse_args()
