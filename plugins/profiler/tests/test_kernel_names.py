@@ -132,3 +132,5 @@ def test_an_unknown_kernel_keeps_its_function_name():
     assert function_name(name) == "fancy_new_kernel"
     assert label(name) == "fancy_new_kernel (fp16)"
     assert label("reduction_prod_kernel") == "reduction_prod_kernel"
+    # a fused Inductor kernel is not the op its name lists first
+    assert label("triton_poi_fused_upsample_nearest2d_add_silu_3") == "Inductor (Triton) kernel"

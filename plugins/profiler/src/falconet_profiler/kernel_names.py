@@ -20,6 +20,8 @@ import re
 # (pattern searched in the raw name, what the kernel does); the first match wins, so the
 # convolutions (whose names contain "gemm") come before matrix products
 KINDS: tuple[tuple[str, str], ...] = (
+    # Inductor's fused kernels name the ops they fuse (triton_poi_fused_add_silu_0): first
+    (r"^triton_", "Inductor (Triton) kernel"),
     (
         r"batchnorm_fwtr|batchnorm_fwd|batch_norm_collect_statistics|batch_norm_transform_input",
         "BatchNorm forward",
@@ -63,7 +65,6 @@ KINDS: tuple[tuple[str, str], ...] = (
     (r"FillFunctor|fill_kernel", "fill"),
     (r"where_kernel", "where"),
     (r"sigmoid", "sigmoid"),
-    (r"^triton_", "Inductor (Triton) kernel"),
 )
 _KINDS = tuple((re.compile(pattern), what) for pattern, what in KINDS)
 
