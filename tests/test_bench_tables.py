@@ -51,3 +51,10 @@ def test_a_declined_backend_is_named_in_its_row(bench_train):
 def test_results_without_the_graph_field_keep_their_label(bench_train):
     old = [{k: v for k, v in r.items() if k != "graph"} for r in RESULTS]
     assert bench_train.arm_label(old, "falconet:graph=whole-step") == "falconet:graph=whole-step"
+
+
+def test_an_arms_inductor_settings_go_to_its_environment_not_its_keys(bench_train):
+    arm = "falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1:batch=8"
+    assert bench_train.parse_arm(arm) == ("falconet", {"fuse": "inductor-all", "batch": "8"})
+    assert bench_train.inductor_env(arm) == {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
+    assert bench_train.inductor_env("falconet:graph=eager") == {}

@@ -40,6 +40,13 @@ are compared with the reference's (bit-equal count and largest difference).
         --amp fp16,bf16 --out blocks.json
     cd tools && python bench_blocks.py --variants after,nchw-pool,dense-chunk,dense-head,copies
 
+With ``--compile`` each variant's network runs under ``torch.compile`` (Inductor's default
+mode, as ``fuse=inductor`` compiles it; the loss stays eager): what a copy placement does when
+Inductor writes the kernels. The family's blocks leave their placements out when compiled
+(``falconet_detect.blocks.on_eager_kernels``); the variants above force theirs in.
+
+    cd tools && python bench_blocks.py --compile --amp fp16 --variants after,copies,nchw-pool
+
 On a machine without CUDA only the comparison runs (fp32 or bf16 autocast on the CPU).
 """
 
@@ -176,7 +183,10 @@ def compare(got, reference) -> dict:
 def main() -> None:
     parser = replay_parser(__doc__)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="the first: reference")
+    parser.add_argument("--compile", action="store_true", help="the networks under Inductor")
     args = parser.parse_args()
+    if args.compile:  # one compiled network per variant and case, all of one forward's code
+        torch._dynamo.config.recompile_limit = 64
     names = args.variants.split(",")
     timed = torch.cuda.is_available()
     if timed:
@@ -184,6 +194,8 @@ def main() -> None:
     results = new_results()
     for amp, batch_size, trainer, images, targets in each_case(args, "blocks"):
         nets = {name: variant(trainer.model, name) for name in names}
+        if args.compile:
+            nets = {name: torch.compile(net, dynamic=False) for name, net in nets.items()}
         first = {n: pass_fn(net, trainer, images, targets)() for n, net in nets.items()}
         rows = {
             name: {"amp": amp, "batch": batch_size, "variant": name, "ms": [],

@@ -412,9 +412,22 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 # ------------------------------------------------------------------------ orchestration
 def parse_arm(arm: str) -> tuple[str, dict[str, str]]:
-    """``falconet:graph=cuda-graph:batch=8`` -> ``("falconet", {"graph": "cuda-graph", ...})``."""
+    """``falconet:graph=cuda-graph:batch=8`` -> ``("falconet", {"graph": "cuda-graph", ...})``.
+    Inductor's settings (:func:`inductor_env`) are not among the keys."""
     name, *pairs = arm.split(":")
-    return name, dict(pair.split("=", 1) for pair in pairs if pair)
+    keys = dict(pair.split("=", 1) for pair in pairs if pair)
+    return name, {k: v for k, v in keys.items() if not k.startswith(INDUCTOR_PREFIX)}
+
+
+INDUCTOR_PREFIX = "TORCHINDUCTOR_"
+
+
+def inductor_env(arm: str) -> dict[str, str]:
+    """An arm's Inductor settings, set in its process's environment rather than passed as
+    training keys: ``falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``
+    times one tuning beside the untuned arm in the same call."""
+    pairs = (pair.split("=", 1) for pair in arm.split(":")[1:] if "=" in pair)
+    return {k: v for k, v in pairs if k.startswith(INDUCTOR_PREFIX)}
 
 
 def worker(args) -> None:
@@ -466,7 +479,7 @@ def spawn(
         "--overfit-epochs",
         str(args.overfit_epochs),
     ]
-    env = dict(os.environ)
+    env = dict(os.environ) | inductor_env(arm)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     started = time.perf_counter()
@@ -657,8 +670,9 @@ def main() -> None:
     results: list[dict] = []
     settings = vars(args) | {"data": str(args.data), "out": str(args.out)}
     # what changes a compiled arm without showing in its name (levers_runs.sh's inductor_env)
+    # (an arm's own, inductor_env, are in its name)
     settings["environment"] = {
-        k: v for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")
+        k: v for k, v in os.environ.items() if k.startswith(INDUCTOR_PREFIX)
     }
 
     def save() -> None:

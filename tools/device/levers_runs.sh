@@ -22,9 +22,13 @@
 #   assigner   tools/bench_assigner.py: the TAL assigner per slot against per box (the
 #              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
 #   blocks     tools/bench_blocks.py: a training pass (network, loss, backward) before and after the
-#              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64
+#              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64 (or
+#              blocks_args, e.g. "--compile --amp fp16 --variants after,copies")
 #   update     tools/bench_update.py: the whole step's update (clip, SGD, scaler, EMA), whole and
 #              part by part, fp16 and bf16, batch 16
+#   profile    falconet profile run (COCO128, 640 px, cache=ram, 8 workers) with profile_keys
+#              (fp16 fused whole-step at batch 16 by default), then `profile kernels` by kind
+#              and the top 30 (profile.txt, profile-kernels.txt, profile.json)
 #   overfit    the accuracy check (COCO128, train = val, overfit_epochs epochs, batch 16,
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
 #              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run
@@ -78,11 +82,22 @@ job() {  # name, gpu
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 300 python fused_precision.py --device cuda \
         --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
     blocks)
-      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 240 python bench_blocks.py --batch 16,64 \
-        --amp fp16,bf16 --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
+      read -r -a extra <<< "${blocks_args:---batch 16,64 --amp fp16,bf16}"
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${blocks_timeout:-240}" python bench_blocks.py \
+        "${extra[@]}" --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
     update)
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 180 python bench_update.py --batch 16 \
         --amp fp16,bf16 --out "$OUT/update.json") > /tmp/logs/update-gpu$2.out 2> /tmp/logs/update-gpu$2.err ;;
+    profile)
+      read -r -a keys <<< "${profile_keys:-graph=whole-step amp_dtype=fp16 fuse=inductor-all batch=16 profile_warmup=40 profile_steps=40}"
+      CUDA_VISIBLE_DEVICES=$2 timeout "${profile_timeout:-240}" falconet profile run \
+        .data/coco128/coco128.yaml --model yolo-n imgsz=640 cache=ram workers=8 \
+        deterministic=false "${keys[@]}" project=/tmp/profiles name=levers \
+        > "$OUT/profile.txt" 2> /tmp/logs/profile-gpu$2.err
+      cp /tmp/profiles/levers/profile.json "$OUT/profile.json"
+      { falconet profile kernels /tmp/profiles/levers/profile.json --by-what
+        falconet profile kernels /tmp/profiles/levers/profile.json --top 30
+      } > "$OUT/profile-kernels.txt" 2>> /tmp/logs/profile-gpu$2.err ;;
     overfit)
       timeout "${overfit_timeout:-480}" python tools/bench_train.py --data .data/coco128 \
         --arms "${overfit_arms:-$ws:fuse=inductor-all:seed=0}" --amp "${overfit_amp:-bf16}" \

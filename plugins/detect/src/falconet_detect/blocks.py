@@ -14,6 +14,18 @@ from torch import nn
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03
 
 
+def on_eager_kernels() -> bool:
+    """Whether this forward runs on PyTorch's own kernels (ATen, cuDNN), for which the copies
+    C2f, SPPF and the head place (each explained where it is) were measured to pay.
+
+    Under ``torch.compile`` Inductor writes the kernels and picks the layouts itself, and the
+    placements cost: with SPPF's pools converted to the contiguous layout, Inductor fused the
+    three pools' backwards and the conversions into kernels of 1.07, 0.74 and 0.17 ms a step
+    (fp16, batch 16, H200), and the fused step went from 9.3 to 10.6 ms
+    (docs/performance.md). A compiled network is traced in the forms before the placements."""
+    return not torch.compiler.is_compiling()
+
+
 class Conv(nn.Module):
     """Convolution (no bias), BatchNorm, SiLU.
 
@@ -56,7 +68,7 @@ class C2f(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = list(self.cv1(x).chunk(2, 1))
-        if self.m:
+        if self.m and on_eager_kernels():
             # In channels-last a half of the channels is a strided view. The first convolution
             # (cuDNN) would copy it densely for its forward and again for its weight's gradient
             # (autograd keeps the view); copied here once, the copy is what the backward keeps.
@@ -76,7 +88,8 @@ class SPPF(nn.Module):
     back take 0.16 ms less per training pass there (no change at batch 64;
     docs/performance.md). The maxima are the same in either layout, and so were the winners
     of ties: the loss and every gradient came out bit for bit the same (fp16 and bf16 on the
-    H200, fp32 on the CPU; tools/bench_blocks.py)."""
+    H200, fp32 on the CPU; tools/bench_blocks.py). Under ``torch.compile`` they pool in the
+    input's layout (:func:`on_eager_kernels`)."""
 
     def __init__(self, c_in: int, c_out: int, k: int = 5) -> None:
         super().__init__()
@@ -87,6 +100,10 @@ class SPPF(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.cv1(x)
+        if not on_eager_kernels():
+            p1 = self.pool(x)
+            p2 = self.pool(p1)
+            return self.cv2(torch.cat((x, p1, p2, self.pool(p2)), 1))
         p1 = self.pool(x.contiguous())
         p2 = self.pool(p1)
         p3 = self.pool(p2)

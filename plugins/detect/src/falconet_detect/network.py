@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x
+from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x, on_eager_kernels
 
 STRIDES = (8, 16, 32)
 REG_MAX = 16
@@ -137,9 +137,11 @@ class DetectHead(nn.Module):
 
     @staticmethod
     def _level(branch: nn.Module, feature: torch.Tensor) -> torch.Tensor:
-        """One level's branch output as ``[B, H x W, C]`` cells, its gradient made dense once."""
+        """One level's branch output as ``[B, H x W, C]`` cells, its gradient made dense once
+        (for cuDNN's backward; not under ``torch.compile``: :func:`on_eager_kernels`)."""
         out = branch(feature)
-        return _cells(_DenseGrad.apply(out) if out.requires_grad else out)
+        dense_grad = out.requires_grad and on_eager_kernels()
+        return _cells(_DenseGrad.apply(out) if dense_grad else out)
 
     def forward(
         self, features: list[torch.Tensor]
