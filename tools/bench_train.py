@@ -671,9 +671,7 @@ def main() -> None:
     settings = vars(args) | {"data": str(args.data), "out": str(args.out)}
     # what changes a compiled arm without showing in its name (levers_runs.sh's inductor_env)
     # (an arm's own, inductor_env, are in its name)
-    settings["environment"] = {
-        k: v for k, v in os.environ.items() if k.startswith(INDUCTOR_PREFIX)
-    }
+    settings["environment"] = {k: v for k, v in os.environ.items() if k.startswith(INDUCTOR_PREFIX)}
 
     def save() -> None:
         if args.out:
