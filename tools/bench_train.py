@@ -539,10 +539,11 @@ def speed_table(results: list[dict], arms: list[str], batches: list[int]) -> str
 
 
 def arm_label(results: list[dict], arm: str) -> str:
-    """The arm, and what ran where a graph backend declined: a falconet arm asking for
-    ``graph=whole-step`` in fp16 runs eager, and its row must not pass for whole-step's."""
+    """The arm, and what ran where it is not what the arm named: a falconet arm asking for
+    ``graph=whole-step`` in fp16 runs eager, and its row must not pass for whole-step's; an
+    arm without a graph key runs the default ``auto``, and its row says what that chose."""
     name, keys = parse_arm(arm)
-    wanted = keys.get("graph", "eager")
+    wanted = keys.get("graph", "auto")
     ran = sorted({r["graph"] for r in results if r["arm"] == arm and r.get("graph")} - {wanted})
     return f"{arm} (ran graph={', '.join(ran)})" if name == "falconet" and ran else arm
 

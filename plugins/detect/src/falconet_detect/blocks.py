@@ -18,11 +18,12 @@ def on_eager_kernels() -> bool:
     """Whether this forward runs on PyTorch's own kernels (ATen, cuDNN), for which the copies
     C2f, SPPF and the head place (each explained where it is) were measured to pay.
 
-    Under ``torch.compile`` Inductor writes the kernels and picks the layouts itself, and the
-    placements cost: with SPPF's pools converted to the contiguous layout, Inductor fused the
-    three pools' backwards and the conversions into kernels of 1.07, 0.74 and 0.17 ms a step
-    (fp16, batch 16, H200), and the fused step went from 9.3 to 10.6 ms
-    (docs/performance.md). A compiled network is traced in the forms before the placements."""
+    Under ``torch.compile`` Inductor writes the kernels and picks the layouts itself, and there
+    the placements were measured to cost: with SPPF's pools converted to the contiguous layout,
+    Inductor fused the three pools' backwards and the conversions into kernels of 1.07, 0.74
+    and 0.17 ms a step (fp16, batch 16, H200); the fused whole step took 10.6 ms with the
+    placements and 9.2 ms without (docs/performance.md). So a compiled network is traced in
+    the forms before the placements, the forms whose fused accuracy was measured."""
     return not torch.compiler.is_compiling()
 
 

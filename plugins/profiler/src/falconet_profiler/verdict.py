@@ -42,7 +42,7 @@ THRESHOLDS: dict[str, float] = {
 FUSE_ACCURACY = {
     True: "in fp16 it kept the mAP on the overfit check of docs/performance.md (five seeds: "
     "0.486 against 0.483 mean mAP50-95) and took yolo-n's step at batch 16 on an H200 from "
-    "11.3 to 9.3 ms",
+    "10.7 to 9.2 ms",
     False: "in bf16 it trained to about 0.026 lower mAP50-95 on the overfit check of "
     "docs/performance.md (three seeds; in fp16 it kept the mAP), so check accuracy before "
     "keeping it",

@@ -56,24 +56,50 @@ def choose_precision(name: str, device: torch.device, plugins: Plugins) -> Preci
     return backend
 
 
+# graph=auto tries these in order and takes the first that applies to the run: whole-step
+# (with SGD) and cuda-graph replay an eager step bit for bit in fp32, fp16 and bf16
+# (docs/performance.md, "Numerics"; whole-step's AdamW update agrees to rounding), so the
+# choice changes the speed, not the numbers; compile is not among them (a compilation at the
+# start, and Inductor's kernels round differently)
+AUTO_GRAPHS = ("whole-step", "cuda-graph", "eager")
+
+
 def choose_dispatch(
     name: str, context: DispatchContext, model: torch.nn.Module, plugins: Plugins
 ) -> tuple[str, Callable[..., Any]]:
-    """``(name actually used, network callable)``; a declining backend falls back to eager.
+    """``(name actually used, network callable)``; a declining backend falls back to eager,
+    and ``graph=auto`` takes the first of :data:`AUTO_GRAPHS` that is installed and applies.
 
     The trainer calls the returned callable in place of ``model``, so the family's capture
     region must be the whole model or nothing (a region inside the model, as DETR-style
     families will declare, needs the wrapper installed in place; not built yet).
     """
-    backend = plugins.graph_backends.get(name)
-    reason = backend.decline_reason(context)
-    if reason is None and context.capture_region not in (None, model):
-        reason = "a capture region smaller than the whole model is not supported yet"
-    if reason:
+    if name == "auto":
+        declined = []
+        for candidate in AUTO_GRAPHS:
+            if candidate not in plugins.graph_backends.names():
+                declined.append(f"{candidate}: not installed")
+            elif reason := _decline_reason(candidate, context, model, plugins):
+                declined.append(f"{candidate}: {reason}")
+            else:
+                log.info("graph=auto: %s%s", candidate, "".join(f"; {d}" for d in declined))
+                return candidate, plugins.graph_backends.get(candidate).wrap(model, context)
+        raise AssertionError("the eager backend declined")  # it never does
+    if reason := _decline_reason(name, context, model, plugins):
         if name != "eager":
             log.warning("graph=%s declined: %s; the run continues with graph=eager", name, reason)
         return "eager", plugins.graph_backends.get("eager").wrap(model, context)
-    return name, backend.wrap(model, context)
+    return name, plugins.graph_backends.get(name).wrap(model, context)
+
+
+def _decline_reason(
+    name: str, context: DispatchContext, model: torch.nn.Module, plugins: Plugins
+) -> str | None:
+    """Why the backend ``name`` will not run this model, or ``None``."""
+    reason = plugins.graph_backends.get(name).decline_reason(context)
+    if reason is None and context.capture_region not in (None, model):
+        reason = "a capture region smaller than the whole model is not supported yet"
+    return reason
 
 
 def new_run_dir(project: str, name: str, exist_ok: bool = False, *, weights: bool = True) -> Path:

@@ -46,7 +46,11 @@ class TrainConfig(BaseModel):
     amp_dtype: str = Field(
         "auto", description="precision backend: auto (bf16 where supported), bf16, fp16, fp32"
     )
-    graph: str = Field("eager", description="graph backend: eager, compile, cuda-graph, ...")
+    graph: str = Field(
+        "auto",
+        description="graph backend: auto (whole-step, else cuda-graph, else eager: the first "
+        "that applies), eager, compile, cuda-graph, whole-step",
+    )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile mode for graph=compile"
     )

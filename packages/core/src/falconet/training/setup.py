@@ -103,7 +103,8 @@ def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
     """Fail at configuration time, with the install command, for a name nothing registered."""
     if config.amp_dtype != "auto":
         plugins.precision_backends.get(config.amp_dtype)
-    plugins.graph_backends.get(config.graph)
+    if config.graph != "auto":
+        plugins.graph_backends.get(config.graph)
     plugins.assigners.get(config.assigner)
     if config.eval_backend != "auto":
         plugins.eval_backends.get(config.eval_backend)
