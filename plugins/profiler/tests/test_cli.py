@@ -85,7 +85,28 @@ def test_kernels_with_a_gpu_trace(falconet_cli, profiled_run: Path, tmp_path: Pa
 
 
 def test_kernels_by_what_they_do(falconet_cli, profiled_run: Path, tmp_path: Path):
-    """``--by-what`` sums the kernels of one kind: two copy variants become one row."""
+    """``--by-what`` prints the profile's sums over every kernel, by kind."""
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    doc["gpu"] = {
+        "top_kernels": [],
+        "kernel_kinds": [
+            {"what": "Inductor BatchNorm reduction", "calls_per_step": 250.0,
+             "ms_per_step": 1.4, "mean_us": 5.6, "share": 0.7, "tensor_core": False},
+            {"what": "convolution forward (fp16)", "calls_per_step": 41.0,
+             "ms_per_step": 0.6, "mean_us": 14.6, "share": 0.3, "tensor_core": True},
+        ],
+    }  # fmt: skip
+    (tmp_path / "gpu.json").write_text(json.dumps(doc))
+    args = ("profile", "kernels", "--by-what", str(tmp_path / "gpu.json"))
+    text = falconet_cli(*args).stdout.splitlines()
+    assert text[0].split() == ["ms/step", "calls/step", "mean", "µs", "share", "TC", "what"]
+    assert text[1].split()[:5] == ["1.400", "250.0", "5.6", "70.0%", "no"]
+    assert text[1].endswith("Inductor BatchNorm reduction") and len(text) == 3
+
+
+def test_kernels_by_what_in_an_older_profile(falconet_cli, profiled_run: Path, tmp_path: Path):
+    """A profile without per-kind sums: ``--by-what`` sums its top kernels of one kind (two
+    copy variants become one row) and says that it covers only those."""
     doc = json.loads((profiled_run / "profile.json").read_text())
     copy = "void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda<c10::Half>>"
     rows = [
@@ -109,7 +130,8 @@ def test_kernels_by_what_they_do(falconet_cli, profiled_run: Path, tmp_path: Pat
     assert kinds[0]["ms_per_step"] == pytest.approx(0.9)
     assert kinds[0]["mean_us"] == pytest.approx(22.5) and not kinds[0]["tensor_core"]
     text = falconet_cli(*[a for a in args if a != "--json"]).stdout.splitlines()
-    assert text[1].endswith("copy (fp16)") and len(text) == 3
+    assert "top 50 kernels only" in text[0]
+    assert text[2].endswith("copy (fp16)") and len(text) == 4
 
 
 def test_compare_counts_only_beyond_the_spread(falconet_cli, profiled_run: Path, tmp_path: Path):

@@ -133,4 +133,27 @@ def test_an_unknown_kernel_keeps_its_function_name():
     assert label(name) == "fancy_new_kernel (fp16)"
     assert label("reduction_prod_kernel") == "reduction_prod_kernel"
     # a fused Inductor kernel is not the op its name lists first
-    assert label("triton_poi_fused_upsample_nearest2d_add_silu_3") == "Inductor (Triton) kernel"
+    assert label("triton_poi_fused_upsample_nearest2d_add_silu_3") == "Inductor pointwise"
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [  # from the fused fp16 step's profile on the H200 (2026-12-01-profile-fused-fp16-b16.json)
+        ("triton_red_fused__native_batch_norm_legit_functional_17", "Inductor BatchNorm reduction"),
+        (
+            "triton_per_fused__native_batch_norm_legit_functional_copy__3",
+            "Inductor BatchNorm persistent reduction",
+        ),
+        (
+            "triton_poi_fused__native_batch_norm_legit_functional_silu_20",
+            "Inductor BatchNorm pointwise",
+        ),
+        ("triton_per_fused_cat_max_pool2d_with_indices_54", "Inductor persistent reduction"),
+        (
+            "triton_poi_fused__to_copy__unsafe_index_put_new_zeros_slice_unsqueeze_1",
+            "Inductor pointwise",
+        ),
+    ],
+)  # fmt: skip
+def test_inductor_kernels_say_their_kind_and_whether_they_are_batchnorm(name, what):
+    assert label(name) == what

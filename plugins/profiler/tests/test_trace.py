@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from falconet_profiler.trace import analyse, host_trace, is_tensor_core
+from falconet_profiler.trace import analyse, host_trace, is_tensor_core, kernel_kinds, top_kernels
 
 
 class Trace:
@@ -77,6 +77,25 @@ def test_kernels_by_time_tensor_cores_and_phases(trace):
         "forward": pytest.approx(0.4),  # GEMM and copy
         "backward": pytest.approx(0.11),  # the adds
     }
+
+
+def test_kernel_kinds_sum_every_kernel_not_only_the_top_ones():
+    """61 kernels of a few µs each outweigh one of 100 µs, and are not in the top 50."""
+    kernels = [{"name": "sm90_xmma_wgrad_f16f16_nhwc", "dur": 100.0}] + [
+        {"name": f"triton_red_fused__native_batch_norm_legit_functional_{i}", "dur": 4.0}
+        for i in range(61)
+    ]
+    assert len(top_kernels(kernels, 2)) == 50
+    kinds = kernel_kinds(kernels, 2)
+    assert [k["what"] for k in kinds] == [
+        "Inductor BatchNorm reduction",
+        "convolution weight gradient (fp16)",
+    ]
+    assert kinds[0]["calls_per_step"] == pytest.approx(30.5)
+    assert kinds[0]["ms_per_step"] == pytest.approx(61 * 4 / 1000 / 2)
+    assert kinds[0]["mean_us"] == pytest.approx(4.0) and not kinds[0]["tensor_core"]
+    assert kinds[1]["tensor_core"]
+    assert sum(k["share"] for k in kinds) == pytest.approx(1.0)
 
 
 def test_lanes_hold_the_first_traced_batches(trace):

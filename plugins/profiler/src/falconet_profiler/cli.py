@@ -170,8 +170,8 @@ def phases(path: str, as_json: bool) -> None:
 @click.option(
     "--by-what",
     is_flag=True,
-    help="One row per kind of kernel (copy, BatchNorm backward, ...), summed over the "
-    "profile's top 50 kernels.",
+    help="One row per kind of kernel (copy, BatchNorm backward, ...), summed over every "
+    "traced kernel (a profile written before these sums: over its top 50 kernels).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
@@ -182,8 +182,11 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
     gpu = doc.get("gpu")
     # profiles written before the labels existed get them here
     rows = [{**row, "what": label(row["name"])} for row in (gpu or {}).get("top_kernels", [])]
+    partial = False
     if by_what:
-        rows = _by_what(rows)
+        kinds = (gpu or {}).get("kernel_kinds")
+        partial = kinds is None and gpu is not None
+        rows = kinds if kinds is not None else _by_what(rows)
     rows = rows[:top]
     if as_json:
         _echo_json({"gpu_trace": gpu is not None, "kernels": rows})
@@ -191,6 +194,8 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
     if gpu is None:
         click.echo(f"no GPU trace (device {doc['run']['device']}): no kernel figures")
         return
+    if partial:
+        click.echo("(this profile predates per-kind sums: summed over its top 50 kernels only)")
     click.echo(f"{'ms/step':>8} {'calls/step':>10} {'mean µs':>8} {'share':>6} TC  what")
     for row in rows:
         named = row["what"] if by_what else f"{row['what']}: {row['name'][:70]}"
@@ -201,7 +206,8 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
 
 
 def _by_what(rows: list[dict]) -> list[dict]:
-    """Kernel rows summed by what they do, largest first (Tensor Core if any of them is)."""
+    """Kernel rows summed by what they do, largest first (Tensor Core if any of them is): for
+    profiles written before ``kernel_kinds``, which sums every kernel."""
     groups: dict[str, dict] = {}
     for row in rows:
         group = groups.setdefault(

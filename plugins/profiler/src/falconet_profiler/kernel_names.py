@@ -20,8 +20,6 @@ import re
 # (pattern searched in the raw name, what the kernel does); the first match wins, so the
 # convolutions (whose names contain "gemm") come before matrix products
 KINDS: tuple[tuple[str, str], ...] = (
-    # Inductor's fused kernels name the ops they fuse (triton_poi_fused_add_silu_0): first
-    (r"^triton_", "Inductor (Triton) kernel"),
     (
         r"batchnorm_fwtr|batchnorm_fwd|batch_norm_collect_statistics|batch_norm_transform_input",
         "BatchNorm forward",
@@ -100,8 +98,33 @@ def function_name(name: str) -> str:
     return "".join(head).split("::")[-1] or name
 
 
+# Inductor's generated kernels: triton_<kind>_fused_<the ops it fuses>_<n>
+_INDUCTOR = re.compile(r"^triton_(poi|red|per|tem)_")
+_INDUCTOR_KINDS = {
+    "poi": "pointwise",
+    "red": "reduction",
+    "per": "persistent reduction",
+    "tem": "template (matrix product)",
+}
+
+
+def inductor_label(name: str) -> str | None:
+    """``Inductor pointwise``, ``Inductor BatchNorm reduction``, ...: what an Inductor kernel
+    is, or ``None`` for another kernel. A fused kernel is not the op its name lists first
+    (``triton_poi_fused_upsample_nearest2d_add_silu_3`` is no upsampling kernel), so only its
+    kind is read, and whether it is part of a BatchNorm (the largest share of a fused
+    convolutional network's Inductor time, and the first thing to ask of it)."""
+    match = _INDUCTOR.match(name)
+    if match is None:
+        return None
+    part = "BatchNorm " if "batch_norm" in name else ""
+    return f"Inductor {part}{_INDUCTOR_KINDS[match.group(1)]}"
+
+
 def label(name: str) -> str:
     """What the kernel ``name`` does, with its precision where the name gives one."""
+    if (inductor := inductor_label(name)) is not None:
+        return inductor  # its name gives no precision
     what = next((kind for pattern, kind in _KINDS if pattern.search(name)), None)
     what = what or function_name(name)
     dtype = None if what.startswith("cast to") else precision(name)  # a cast names its own

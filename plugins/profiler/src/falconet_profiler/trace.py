@@ -175,6 +175,7 @@ def analyse(trace: dict[str, Any]) -> dict[str, Any] | None:
         "cuda_malloc_per_step": sum(v for k, v in calls.items() if k in MALLOC_CALLS) / steps,
         "tensor_core_share": _tensor_core_share(kernels),
         "top_kernels": top_kernels(kernels, steps),
+        "kernel_kinds": kernel_kinds(kernels, steps),
         "phase_gpu_ms": _phase_gpu_ms([x for batch in owned for x in batch], phase_spans, steps),
         "lanes": _lanes(
             [x for batch in owned[:LANE_BATCHES] for x in batch], batches[:LANE_BATCHES]
@@ -208,6 +209,35 @@ def top_kernels(kernels: list[dict[str, Any]], steps: int, top: int = 50) -> lis
             "tensor_core": is_tensor_core(name),
         }
         for name, durations in rows
+    ]
+
+
+def kernel_kinds(kernels: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """Every kernel summed by what it does (:func:`kernel_names.label`), largest first: calls
+    per step, ms per step, mean µs, share, Tensor Core (if any of them is). Unlike
+    :func:`top_kernels`, nothing is left out: in a fused step most of Inductor's time is in
+    hundreds of kernels of a few µs, none of them among the top 50."""
+    table: dict[str, dict[str, Any]] = {}
+    for event in kernels:
+        name = event["name"]
+        row = table.setdefault(
+            kernel_names.label(name), {"calls": 0, "us": 0.0, "tensor_core": False}
+        )
+        row["calls"] += 1
+        row["us"] += float(event.get("dur", 0))
+        row["tensor_core"] |= is_tensor_core(name)
+    total = sum(row["us"] for row in table.values()) or 1.0
+    steps = max(steps, 1)
+    return [
+        {
+            "what": what,
+            "calls_per_step": row["calls"] / steps,
+            "ms_per_step": row["us"] / 1000 / steps,
+            "mean_us": row["us"] / row["calls"],
+            "share": row["us"] / total,
+            "tensor_core": row["tensor_core"],
+        }
+        for what, row in sorted(table.items(), key=lambda item: -item[1]["us"])
     ]
 
 
