@@ -104,6 +104,27 @@ def test_kernels_by_what_they_do(falconet_cli, profiled_run: Path, tmp_path: Pat
     assert text[1].endswith("Inductor BatchNorm reduction") and len(text) == 3
 
 
+def test_the_report_names_the_kinds_that_took_the_kernel_time(profiled_run: Path):
+    """The report's kernel line: the three kinds with their ms a step; a profile written
+    before the per-kind sums keeps its top three kernels' labels."""
+    from falconet_profiler.report import format_report
+
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    doc["evidence"]["kernel_kinds"] = [
+        ["Inductor BatchNorm pointwise", 1.582],
+        ["Inductor BatchNorm reduction", 1.278],
+        ["convolution weight gradient (fp16)", 1.235],
+    ]
+    lines = format_report(doc).splitlines()
+    assert (
+        "  kernel time by kind (ms a step): Inductor BatchNorm pointwise 1.58, "
+        "Inductor BatchNorm reduction 1.28, convolution weight gradient (fp16) 1.24"
+    ) in lines
+    doc["evidence"]["kernel_kinds"] = []
+    doc["evidence"]["top_kernels"] = ["triton_red_fused__native_batch_norm_legit_functional_17"]
+    assert "  top kernels: Inductor BatchNorm reduction" in format_report(doc).splitlines()
+
+
 def test_kernels_by_what_in_an_older_profile(falconet_cli, profiled_run: Path, tmp_path: Path):
     """A profile without per-kind sums: ``--by-what`` sums its top kernels of one kind (two
     copy variants become one row) and says that it covers only those."""

@@ -72,6 +72,8 @@ def evidence_of(
         "peak_reserved_fraction": memory.get("peak_reserved_fraction"),
         "tensor_core_share": gpu.get("tensor_core_share"),
         "top_kernels": [k["name"] for k in gpu.get("top_kernels", [])[:3]],
+        # the three kinds that took the most kernel time: what a step's GPU time is spent on
+        "kernel_kinds": [[k["what"], k["ms_per_step"]] for k in gpu.get("kernel_kinds", [])[:3]],
     }
 
 
@@ -228,7 +230,10 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
     if phases:
         shown = "  ".join(f"{k} {v['ms_per_batch']:.2f}" for k, v in phases.items())
         lines.append(f"  phases (synchronised, ms per batch): {shown}")
-    if e.get("top_kernels"):
+    if e.get("kernel_kinds"):
+        kinds = ", ".join(f"{what} {ms:.2f}" for what, ms in e["kernel_kinds"])
+        lines.append(f"  kernel time by kind (ms a step): {kinds}")
+    elif e.get("top_kernels"):  # a profile written before the per-kind sums
         lines.append(f"  top kernels: {'; '.join(label(name) for name in e['top_kernels'])}")
     for other in verdict.get("also", []):
         lines.append(f"  also: {other}")
