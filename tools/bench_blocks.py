@@ -153,9 +153,11 @@ def variant(network: nn.Module, name: str) -> nn.Module:
     return net
 
 
-def pass_fn(net: nn.Module, trainer, images: torch.Tensor, targets: dict):
-    """Forward, the trainer's loss and the gradients of every parameter: one training pass."""
-    params = [p for p in net.parameters() if p.requires_grad]
+def pass_fn(net: nn.Module, trainer, images: torch.Tensor, targets: dict, params=None):
+    """Forward, the trainer's loss and the gradients of every parameter (or of ``params``):
+    one training pass."""
+    if params is None:
+        params = [p for p in net.parameters() if p.requires_grad]
 
     def run():
         with trainer.precision.autocast(trainer.device):

@@ -24,6 +24,9 @@
 #   blocks     tools/bench_blocks.py: a training pass (network, loss, backward) before and after the
 #              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64 (or
 #              blocks_args, e.g. "--compile --amp fp16 --variants after,copies")
+#   wgrad      tools/bench_wgrad_overlap.py: a training pass with and without the convolutions'
+#              weight gradients, fp16 and bf16, batch 16 and 64 (what a second stream for them
+#              could save at most)
 #   update     tools/bench_update.py: the whole step's update (clip, SGD, scaler, EMA), whole and
 #              part by part, fp16 and bf16, batch 16
 #   profile    falconet profile run (COCO128, 640 px, cache=ram, 8 workers) with profile_keys
@@ -85,6 +88,10 @@ job() {  # name, gpu
       read -r -a extra <<< "${blocks_args:---batch 16,64 --amp fp16,bf16}"
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${blocks_timeout:-240}" python bench_blocks.py \
         "${extra[@]}" --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
+    wgrad)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${wgrad_timeout:-150}" python \
+        bench_wgrad_overlap.py --batch 16,64 --amp fp16,bf16 --out "$OUT/wgrad.json") \
+        > /tmp/logs/wgrad-gpu$2.out 2> /tmp/logs/wgrad-gpu$2.err ;;
     update)
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 180 python bench_update.py --batch 16 \
         --amp fp16,bf16 --out "$OUT/update.json") > /tmp/logs/update-gpu$2.out 2> /tmp/logs/update-gpu$2.err ;;
