@@ -71,7 +71,7 @@ def measure(args, batch_size: int, tmp: Path) -> dict:
     keys = dict(
         data=args.data, imgsz=args.imgsz, batch=batch_size, workers=2, cache="ram",
         amp_dtype="bf16" if cuda else "fp32", val=False, plots=False, epochs=1,
-        project=str(tmp), exist_ok=True, name=f"assigner-b{batch_size}",
+        project=str(tmp), exist_ok=True, name=f"assigner-b{batch_size}", graph="eager",
     )  # fmt: skip
     trainer = build(keys)
     tal = TaskAlignedAssigner()

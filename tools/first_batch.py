@@ -34,7 +34,10 @@ def replay_parser(doc: str) -> argparse.ArgumentParser:
 
 def trainer_and_batch(args, amp: str, batch_size: int, tmp: Path, name: str, **keys):
     """A trainer for ``args`` in ``amp`` at ``batch_size`` (its model in training mode), and
-    its loader's first batch: images as float in [0, 1] and targets, on its device."""
+    its loader's first batch: images as float in [0, 1] and targets, on its device. The
+    trainer is eager unless ``keys`` say otherwise: the scripts time the network and loss
+    themselves, and a step runner would only sit beside them."""
+    keys = {"graph": "eager", **keys}
     trainer = build(
         dict(
             data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size, workers=2,

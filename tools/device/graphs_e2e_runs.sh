@@ -26,10 +26,10 @@ overfit() {  # arm, gpu
   OUT=/tmp/prof graphs="${profile_graphs:-whole-step eager}" batches="${profile_batches:-16 4 64}" \
     traces= pair_timeout=${pair_timeout:-100} bash tools/device/profile_runs.sh
   tar czf "$OUT/profiles.tgz" -C /tmp prof
-  overfit falconet 0
+  overfit falconet:graph=eager 0
 ) &
 timeout "${e2e_total:-300}" python tools/bench_train.py --data .data/coco128 --amp bf16 --batch 16 \
-  --arms "${e2e_arms:-falconet,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor}" \
+  --arms "${e2e_arms:-falconet:graph=eager,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor}" \
   --repeats 1 --epochs 4 --repeat-data 4 --measures e2e --gpus 1 --timeout "${e2e_timeout:-150}" \
   --out "$OUT/e2e.json" > /tmp/logs/e2e.out 2> /tmp/logs/e2e.err
 overfit falconet:graph=whole-step:fuse=inductor 1

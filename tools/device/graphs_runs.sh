@@ -12,7 +12,7 @@ set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl
 mkdir -p /tmp/logs /tmp/prof
-arms=${arms:-falconet,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor,falconet:graph=compile,falconet:graph=compile:compile_mode=reduce-overhead}
+arms=${arms:-falconet:graph=eager,falconet:graph=cuda-graph,falconet:graph=whole-step,falconet:graph=whole-step:fuse=inductor,falconet:graph=compile,falconet:graph=compile:compile_mode=reduce-overhead}
 (
   export CUDA_VISIBLE_DEVICES=0
   timeout 300 python tools/check_graphs.py --data .data/coco128/coco128.yaml \

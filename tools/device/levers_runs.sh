@@ -67,7 +67,7 @@ job() {  # name, gpu
     step-b64)
       step "$1" "$2" bf16 64 "${arms64:-$ws:fuse=inductor-all}" "${b64_timeout:-200}" ;;
     step-fp16)
-      step "$1" "$2" fp16 16 "${arms_fp16:-falconet,$ws}" "${fp16_timeout:-120}" ;;
+      step "$1" "$2" fp16 16 "${arms_fp16:-falconet:graph=eager,$ws}" "${fp16_timeout:-120}" ;;
     step-b4)
       step "$1" "$2" bf16 4 "${arms4:-$ws,$ws:amp_dtype=fp16}" "${b4_timeout:-150}" ;;
     e2e)

@@ -14,9 +14,10 @@ source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl
 part=${part:-overfit}
 common=(data=.data/coco128/coco128.yaml imgsz=640 batch=16 cache=ram workers=8 amp_dtype=bf16
-        val_interval=10 eval_backend=hotcoco deterministic=false plots=true project=/tmp/runs)
+        val_interval=10 eval_backend=hotcoco deterministic=false plots=true project=/tmp/runs
+        graph=eager)  # the eager trainer, as these runs measured it (the default is now auto)
 if [[ $part == resume ]]; then
-  keys=(data=shapes epochs=6 batch=32 workers=8 seed=0 project=/tmp/runs plots=false)
+  keys=(data=shapes epochs=6 batch=32 workers=8 seed=0 project=/tmp/runs plots=false graph=eager)
   falconet train "${keys[@]}" name=whole > "$OUT/resume_whole.log" 2>&1 &
   falconet train "${keys[@]}" name=killed > "$OUT/resume_killed.log" 2>&1 &
   killed=$!
