@@ -411,23 +411,26 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 
 # ------------------------------------------------------------------------ orchestration
+INDUCTOR_PREFIX = "TORCHINDUCTOR_"
+
+
+def _arm_keys(arm: str) -> tuple[str, dict[str, str]]:
+    name, *pairs = arm.split(":")
+    return name, dict(pair.split("=", 1) for pair in pairs if pair)
+
+
 def parse_arm(arm: str) -> tuple[str, dict[str, str]]:
     """``falconet:graph=cuda-graph:batch=8`` -> ``("falconet", {"graph": "cuda-graph", ...})``.
     Inductor's settings (:func:`inductor_env`) are not among the keys."""
-    name, *pairs = arm.split(":")
-    keys = dict(pair.split("=", 1) for pair in pairs if pair)
+    name, keys = _arm_keys(arm)
     return name, {k: v for k, v in keys.items() if not k.startswith(INDUCTOR_PREFIX)}
-
-
-INDUCTOR_PREFIX = "TORCHINDUCTOR_"
 
 
 def inductor_env(arm: str) -> dict[str, str]:
     """An arm's Inductor settings, set in its process's environment rather than passed as
     training keys: ``falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``
     times one tuning beside the untuned arm in the same call."""
-    pairs = (pair.split("=", 1) for pair in arm.split(":")[1:] if "=" in pair)
-    return {k: v for k, v in pairs if k.startswith(INDUCTOR_PREFIX)}
+    return {k: v for k, v in _arm_keys(arm)[1].items() if k.startswith(INDUCTOR_PREFIX)}
 
 
 def worker(args) -> None:

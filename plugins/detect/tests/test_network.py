@@ -173,19 +173,14 @@ def _head_without_dense_grad(self, features):
     return box, cls, anchors, strides
 
 
-@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_copy_saving_forms_train_bit_for_bit_as_before(layout, dtype):
-    """C2f's dense half, SPPF's contiguous pools and the head's dense gradients change where
-    copies happen, not a number: the outputs and every parameter's gradient are bit for bit
-    those of the forms they replaced, in either layout; and each does what it is for."""
+def _in_old_forms(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` with C2f, SPPF and the head in their forms before the copy
+    placements."""
     import copy
     import types
 
     from falconet_detect.blocks import SPPF, C2f
 
-    torch.manual_seed(0)
-    net = YoloFamily().build_model("yolo-n", num_classes=5).train().to(memory_format=layout)
     old = copy.deepcopy(net)
     for module in old.modules():
         if isinstance(module, C2f):
@@ -193,6 +188,20 @@ def test_copy_saving_forms_train_bit_for_bit_as_before(layout, dtype):
         if isinstance(module, SPPF):
             module.forward = types.MethodType(_sppf_in_network_layout, module)
     old.head.forward = types.MethodType(_head_without_dense_grad, old.head)
+    return old
+
+
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_copy_saving_forms_train_bit_for_bit_as_before(layout, dtype):
+    """C2f's dense half, SPPF's contiguous pools and the head's dense gradients change where
+    copies happen, not a number: the outputs and every parameter's gradient are bit for bit
+    those of the forms they replaced, in either layout; and each does what it is for."""
+    from falconet_detect.blocks import SPPF, C2f
+
+    torch.manual_seed(0)
+    net = YoloFamily().build_model("yolo-n", num_classes=5).train().to(memory_format=layout)
+    old = _in_old_forms(net)
     seen: dict[str, list[bool]] = {"pool": [], "block": [], "head_grad": []}
     sppf = next(m for m in net.modules() if isinstance(m, SPPF))
     sppf.pool.register_forward_pre_hook(lambda _m, a: seen["pool"].append(a[0].is_contiguous()))
@@ -245,21 +254,10 @@ def test_a_compiled_network_is_traced_in_the_forms_before_the_copy_placements():
     kernels (on the H200 the contiguous pools made Inductor's fused step 1.3 ms slower):
     under torch.compile the network traces op for op as the old forms do, and eager it keeps
     the placements (the op lists differ)."""
-    import copy
-    import types
-
-    from falconet_detect.blocks import SPPF, C2f
-
     torch.manual_seed(0)
     net = YoloFamily().build_model("yolo-n", num_classes=5).train()
     net = net.to(memory_format=torch.channels_last)
-    old = copy.deepcopy(net)
-    for module in old.modules():
-        if isinstance(module, C2f):
-            module.forward = types.MethodType(_c2f_strided, module)
-        if isinstance(module, SPPF):
-            module.forward = types.MethodType(_sppf_in_network_layout, module)
-    old.head.forward = types.MethodType(_head_without_dense_grad, old.head)
+    old = _in_old_forms(net)
     images = torch.rand(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
     traced, traced_old = _traced_ops(net, images), _traced_ops(old, images)
     assert traced == traced_old

@@ -125,6 +125,28 @@ def test_the_report_names_the_kinds_that_took_the_kernel_time(profiled_run: Path
     assert "  top kernels: Inductor BatchNorm reduction" in format_report(doc).splitlines()
 
 
+def test_kernels_by_what_from_an_older_profiles_timeline(
+    falconet_cli, profiled_run: Path, tmp_path: Path
+):
+    """A profile without per-kind sums but with its timeline: every kernel of the timeline's
+    batches, by kind, per batch (copies and memsets on their own lanes left out)."""
+    doc = json.loads((profiled_run / "profile.json").read_text())
+    doc["gpu"] = {"top_kernels": []}
+    doc["lanes"] = {
+        "origin_us": 0.0,
+        "batches": [[0.0, 100.0, 5], [100.0, 200.0, 6]],
+        "names": ["triton_red_fused__native_batch_norm_legit_functional_1", "Memcpy HtoD"],
+        "lanes": ["kernels, stream 7", "copies, stream 7"],
+        "events": [[0, 1.0, 4.0, 0], [0, 6.0, 4.0, 0], [0, 101.0, 4.0, 0], [1, 0.0, 50.0, 1]],
+    }
+    (tmp_path / "lanes.json").write_text(json.dumps(doc))
+    text = falconet_cli("profile", "kernels", "--by-what", str(tmp_path / "lanes.json"))
+    lines = text.stdout.splitlines()
+    assert "every kernel of its timeline's 2 batches" in lines[0]
+    assert lines[2].split()[:3] == ["0.006", "1.5", "4.0"] and len(lines) == 3
+    assert lines[2].endswith("Inductor BatchNorm reduction")
+
+
 def test_kernels_by_what_in_an_older_profile(falconet_cli, profiled_run: Path, tmp_path: Path):
     """A profile without per-kind sums: ``--by-what`` sums its top kernels of one kind (two
     copy variants become one row) and says that it covers only those."""
@@ -151,7 +173,7 @@ def test_kernels_by_what_in_an_older_profile(falconet_cli, profiled_run: Path, t
     assert kinds[0]["ms_per_step"] == pytest.approx(0.9)
     assert kinds[0]["mean_us"] == pytest.approx(22.5) and not kinds[0]["tensor_core"]
     text = falconet_cli(*[a for a in args if a != "--json"]).stdout.splitlines()
-    assert "top 50 kernels only" in text[0]
+    assert "summed over its top 3 kernels only" in text[0]
     assert text[2].endswith("copy (fp16)") and len(text) == 4
 
 

@@ -182,11 +182,9 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
     gpu = doc.get("gpu")
     # profiles written before the labels existed get them here
     rows = [{**row, "what": label(row["name"])} for row in (gpu or {}).get("top_kernels", [])]
-    partial = False
+    older = None  # what an older profile's per-kind rows were summed over
     if by_what:
-        kinds = (gpu or {}).get("kernel_kinds")
-        partial = kinds is None and gpu is not None
-        rows = kinds if kinds is not None else _by_what(rows)
+        rows, older = _kinds(doc, rows)
     rows = rows[:top]
     if as_json:
         _echo_json({"gpu_trace": gpu is not None, "kernels": rows})
@@ -194,8 +192,8 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
     if gpu is None:
         click.echo(f"no GPU trace (device {doc['run']['device']}): no kernel figures")
         return
-    if partial:
-        click.echo("(this profile predates per-kind sums: summed over its top 50 kernels only)")
+    if older:
+        click.echo(f"(this profile predates per-kind sums: summed over {older})")
     click.echo(f"{'ms/step':>8} {'calls/step':>10} {'mean µs':>8} {'share':>6} TC  what")
     for row in rows:
         named = row["what"] if by_what else f"{row['what']}: {row['name'][:70]}"
@@ -203,6 +201,20 @@ def kernels(path: str, top: int, by_what: bool, as_json: bool) -> None:
             f"{row['ms_per_step']:>8.3f} {row['calls_per_step']:>10.1f} {row['mean_us']:>8.1f} "
             f"{row['share']:>6.1%} {'yes' if row['tensor_core'] else 'no ':<3} {named}"
         )
+
+
+def _kinds(doc: dict, top_rows: list[dict]) -> tuple[list[dict], str | None]:
+    """Kernels by kind: the profile's sums over every traced kernel; for a profile written
+    before them, every kernel of its timeline's batches, else its top kernels (and which)."""
+    from falconet_profiler.trace import kinds_from_lanes
+
+    gpu = doc.get("gpu") or {}
+    if "kernel_kinds" in gpu or not gpu:
+        return gpu.get("kernel_kinds", []), None
+    if (timeline := kinds_from_lanes(doc.get("lanes"))) is not None:
+        kinds, batches = timeline
+        return kinds, f"every kernel of its timeline's {batches} batches"
+    return _by_what(top_rows), f"its top {len(top_rows)} kernels only"
 
 
 def _by_what(rows: list[dict]) -> list[dict]:

@@ -286,6 +286,21 @@ def _lanes(events: list[Launched], batches: list[tuple[float, float, int, str]])
     }
 
 
+def kinds_from_lanes(lanes: dict[str, Any] | None) -> tuple[list[dict[str, Any]], int] | None:
+    """:func:`kernel_kinds` of the kernels a profile's timeline holds, and how many batches
+    they cover: per-kind sums over every kernel for a profile written before
+    ``kernel_kinds``. ``None`` when there is no timeline or it was cut at ``LANE_CAP``."""
+    if not lanes or not lanes["batches"] or len(lanes["events"]) >= LANE_CAP:
+        return None
+    kernel_lanes = {i for i, lane in enumerate(lanes["lanes"]) if lane.startswith("kernels")}
+    kernels = [
+        {"name": lanes["names"][name], "dur": dur}
+        for lane, _start, dur, name in lanes["events"]
+        if lane in kernel_lanes
+    ]
+    return kernel_kinds(kernels, len(lanes["batches"])), len(lanes["batches"])
+
+
 def host_trace(batches: list[dict[str, Any]], pid: str = "falconet host") -> dict[str, Any]:
     """A Chrome trace of the measured batches' phases (what ``profile_trace.json`` holds when
     there is no GPU trace): one ``X`` event per batch and per phase, on one host lane."""
