@@ -117,11 +117,15 @@ def median_ms(step, warmup: int = 20, steps: int = 100) -> float:
 
 
 def gpu_profile(step, steps: int = 20) -> dict:
-    """GPU-busy fraction, kernels per step and host syncs per step of ``step``."""
+    """GPU-busy fraction, kernels per step and host syncs per step of ``step``. Busy is the
+    time some kernel ran (the union of their intervals): with a second stream
+    (``wgrad_stream``) kernels overlap, and the sum of their times exceeded the wall time."""
     import warnings
 
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from falconet_profiler.trace import union_ms
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -131,7 +135,7 @@ def gpu_profile(step, steps: int = 20) -> dict:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = sum(e.device_time for e in kernels)
+    busy_us = 1000 * union_ms((e.time_range.start, e.time_range.end) for e in kernels)
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,6 +5,9 @@
 # lane0 and lane1) on its own GPU (knob gpus, "0 1"; "0 0" on a one-GPU machine, where only
 # jobs that time nothing should share it); each job has a time limit, so a call ends in time.
 # inductor_env (e.g. TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1) is exported to every job.
+# precompile=1 runs a step job's arms once first, all at a time on its GPU and untimed, so that
+# compiled (fuse=) arms load from Inductor's caches in the timed run: a fused arm then takes
+# seconds to start instead of about 100 s each.
 # Jobs:
 #   check      tools/check_graphs.py: eager vs cuda-graph vs whole-step from the same state in
 #              check_amp, torch's deterministic algorithms, check_steps steps; the bf16 fused
@@ -48,6 +51,14 @@ python -c "import torch, torch._inductor.config as c; print('torch', torch.__ver
   getattr(c, 'emulate_precision_casts_on_saved_tensors', 'absent'))" > /tmp/logs/inductor.out
 ws=falconet:graph=whole-step
 step() {  # job, gpu, amp, batch, arms, seconds
+  if [[ -n "${precompile:-}" ]]; then  # every arm once, all at a time, untimed: Inductor's
+    # caches then hold each compiled arm, which the timed run below loads in seconds
+    IFS=, read -r -a each <<< "$5"
+    lanes=$(printf "$2,%.0s" "${each[@]}")
+    timeout "$6" python tools/bench_train.py --data .data/coco128 --arms "$5" --amp "$3" \
+      --batch "$4" --repeats 1 --measures step --gpus "${lanes%,}" --timeout "$6" --warmup 40 \
+      --steps 1 --out "/tmp/logs/$1-precompile.json" > "/tmp/logs/$1-precompile.out" 2>&1
+  fi
   timeout "$6" python tools/bench_train.py --data .data/coco128 --arms "$5" --amp "$3" \
     --batch "$4" --repeats 1 --measures step --gpus "$2" --timeout "$6" \
     --out "$OUT/$1.json" > "/tmp/logs/$1-gpu$2.out" 2> "/tmp/logs/$1-gpu$2.err"

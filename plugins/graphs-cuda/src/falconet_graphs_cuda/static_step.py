@@ -4,7 +4,9 @@
 ``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
 parameters' ``.grad`` while the whole step is in use. Under autocast it makes the
 convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`),
-and advances BatchNorm's batch counters in one kernel too.
+and advances BatchNorm's batch counters in one kernel too. On a GPU its convolutions' weight
+gradients run on a second stream (``wgrad_stream``, :mod:`falconet_graphs_cuda.side_weight_grads`),
+joined before the gradients are read.
 ``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
 weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
 on the host side lives in device tensors that are filled before each call: each group's
@@ -35,6 +37,7 @@ step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -43,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.func import functional_call
+
+from falconet_graphs_cuda.side_weight_grads import COMPILE_OPTIONS, SideWeightGrads
 
 if TYPE_CHECKING:
     from falconet.training.trainer import Trainer
@@ -144,10 +149,15 @@ class StaticStep:
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
         # recorder captures the compiled kernels with everything else)
+        # the convolutions' weight gradients on a second stream (side_weight_grads)
+        self.side: SideWeightGrads | None = None
+        if trainer.cfg.wgrad_stream and trainer.device.type == "cuda":
+            self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
         fuse = trainer.cfg.fuse
         self.forward = self._eager_forward
         if fuse in ("inductor", "inductor-all"):
-            self.forward = torch.compile(self._eager_forward, dynamic=False)
+            options = COMPILE_OPTIONS if self.side is not None else None
+            self.forward = torch.compile(self._eager_forward, dynamic=False, options=options)
         if fuse != "none":
             log.warning(
                 "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "
@@ -300,7 +310,7 @@ class StaticStep:
         # then skips the add) and all counters advance in one kernel here, to the same counts
         counters = [m.num_batches_tracked for _, m in self.counted if m.training]
         uncounted = {name: None for name, m in self.counted if m.training}
-        with trainer.precision.autocast(trainer.device):
+        with trainer.precision.autocast(trainer.device), self.side or contextlib.nullcontext():
             outputs = self.forward(leaves | uncounted, images)
         if counters:
             torch._foreach_add_(counters, 1)
@@ -309,6 +319,8 @@ class StaticStep:
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
+        if self.side is not None:  # the weight gradients are done before anything reads them
+            self.side.join()
         made = zip(self.cast_indices, self.cast_grads, strict=True)
         cast = [(i, g) for i, g in made if grads[i] is not None]
         if cast:  # back to the parameters' dtype, in one kernel: the casts' gradients

@@ -86,7 +86,7 @@ def is_tensor_core(name: str) -> bool:
     return any(mark in lowered for mark in TENSOR_CORE_MARKS)
 
 
-def _union_ms(intervals: Iterable[tuple[float, float]]) -> float:
+def union_ms(intervals: Iterable[tuple[float, float]]) -> float:
     """Milliseconds covered by the union of ``(start, end)`` microsecond intervals."""
     covered, reach = 0.0, -math.inf
     for start, end in sorted(intervals):
@@ -158,7 +158,7 @@ def analyse(trace: dict[str, Any]) -> dict[str, Any] | None:
     kernels = [e for e in every if e["cat"] == "kernel"]
     kernel_us = [float(e.get("dur", 0)) for e in kernels]
     busy_ms = sum(
-        _union_ms(((float(e["ts"]), float(e["ts"]) + e.get("dur", 0)) for e, _ in batch))
+        union_ms(((float(e["ts"]), float(e["ts"]) + e.get("dur", 0)) for e, _ in batch))
         for batch in owned
     )
     syncs = {k: v for k, v in calls.items() if k in SYNC_CALLS and k not in CLOCK_SYNC_CALLS}

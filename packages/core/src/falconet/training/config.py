@@ -61,6 +61,11 @@ class TrainConfig(BaseModel):
         "(inductor-loss) or both (inductor-all); faster, but not bit for bit, slower to start "
         "and lower mAP on the overfit check (docs/performance.md)",
     )
+    wgrad_stream: bool = Field(
+        True,
+        description="graph=whole-step on a GPU: the convolutions' weight gradients run on a "
+        "second stream, beside the input gradients (the same kernels, the same numbers)",
+    )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd or adamw")
