@@ -11,24 +11,29 @@ one is needed), so the numbers are the same bit for bit (``tools/check_graphs.py
 whole-step with eager on the GPU).
 
 :class:`SideWeightGrads` is a function mode entered around the forward. Each ``conv2d`` whose
-weight qualifies (:func:`_qualifies`) runs as the custom op ``falconet_graphs::conv2d``, opaque
-to ``torch.compile`` like cuDNN's own convolution, so the same path serves the eager and the
-Inductor-fused step. Its backward computes the input's and the bias's gradients on the current
-stream and the weight's through ``falconet_graphs::conv2d_weight_grad``, on the side stream,
-and hands that gradient on unfinished. Nothing may read a weight gradient before
-:meth:`SideWeightGrads.join`, which makes the current stream wait for the side stream. That
-holds for a caller that takes the gradients of leaves with ``torch.autograd.grad`` and joins
-before reading them, as the whole step's ``micro`` does (with ``.backward()`` autograd may add
-into or copy a gradient on the current stream). A weight used by two convolutions of one
+weight qualifies (:func:`_qualifies`) runs as the custom op ``falconet_graphs::conv2d``. Its
+backward computes the input's and the bias's gradients on the current stream and the weight's
+through ``falconet_graphs::conv2d_weight_grad``, on the side stream, and hands that gradient
+on unfinished. Nothing may read a weight gradient before :meth:`SideWeightGrads.join`, which
+makes the current stream wait for the side stream. That holds for a caller that takes the
+gradients of leaves with ``torch.autograd.grad`` and joins before reading them, as the whole
+step's ``micro`` does (with ``.backward()`` autograd may add into or copy a gradient on the
+current stream). A weight used by two convolutions of one
 forward has its two gradients added on the current stream, so its gradients stay there (the
 forward op counts each weight's uses as it runs); so does a weight autocast would cast (the
 cast's gradient reads it; the whole step passes weights already cast).
 
 The side stream reads each convolution's input, weight and output gradient after autograd has
 let go of them: the op holds them until :meth:`SideWeightGrads.join`, so the caching allocator
-cannot give their memory to a later kernel of the current stream meanwhile. Inductor reuses
-buffers itself, without the allocator: a compiled forward that uses this mode needs
-:data:`COMPILE_OPTIONS`.
+cannot give their memory to a later kernel of the current stream meanwhile.
+
+The whole step uses it where the network runs on PyTorch's kernels, not where Inductor
+compiles it (``fuse=inductor``, ``inductor-all``). ``torch.compile`` traces the mode and the
+ops, but Inductor then compiles the graph around the opaque op into another fused step: not
+bit for bit the one-stream fused step, and lower on the overfit check over three seeds
+(docs/performance.md). And a compiled forward would need Inductor's own buffer reuse off
+(``allow_buffer_reuse`` and ``inplace_buffers``), which reuses a dead buffer without the
+allocator, under the side stream's reads.
 """
 
 from __future__ import annotations
@@ -41,9 +46,6 @@ from torch.nn.modules.utils import _pair
 from torch.overrides import TorchFunctionMode
 
 CONV2D = (torch.conv2d, F.conv2d)
-# Inductor's own reuse of a dead buffer (by name, or in place by the kernel reading it last)
-# would let a kernel of the current stream overwrite an output gradient the side stream reads
-COMPILE_OPTIONS = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 _active: SideWeightGrads | None = None  # the mode whose backward is running, until its join
 

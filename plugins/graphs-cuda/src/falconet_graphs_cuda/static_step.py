@@ -4,9 +4,9 @@
 ``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
 parameters' ``.grad`` while the whole step is in use. Under autocast it makes the
 convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`),
-and advances BatchNorm's batch counters in one kernel too. On a GPU its convolutions' weight
-gradients run on a second stream (``wgrad_stream``, :mod:`falconet_graphs_cuda.side_weight_grads`),
-joined before the gradients are read.
+and advances BatchNorm's batch counters in one kernel too. On a GPU, with the network not
+compiled, its convolutions' weight gradients run on a second stream (``wgrad_stream``,
+:mod:`falconet_graphs_cuda.side_weight_grads`), joined before the gradients are read.
 ``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
 weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
 on the host side lives in device tensors that are filled before each call: each group's
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from falconet_graphs_cuda.side_weight_grads import COMPILE_OPTIONS, SideWeightGrads
+from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
 
 if TYPE_CHECKING:
     from falconet.training.trainer import Trainer
@@ -149,15 +149,17 @@ class StaticStep:
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
         # recorder captures the compiled kernels with everything else)
-        # the convolutions' weight gradients on a second stream (side_weight_grads)
-        self.side: SideWeightGrads | None = None
-        if trainer.cfg.wgrad_stream and trainer.device.type == "cuda":
-            self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
         fuse = trainer.cfg.fuse
+        compiled_network = fuse in ("inductor", "inductor-all")
         self.forward = self._eager_forward
-        if fuse in ("inductor", "inductor-all"):
-            options = COMPILE_OPTIONS if self.side is not None else None
-            self.forward = torch.compile(self._eager_forward, dynamic=False, options=options)
+        if compiled_network:
+            self.forward = torch.compile(self._eager_forward, dynamic=False)
+        # the convolutions' weight gradients on a second stream (side_weight_grads); not in a
+        # compiled network, which Inductor then compiles around the custom op into another
+        # fused step than the one whose accuracy was measured (docs/performance.md)
+        self.side: SideWeightGrads | None = None
+        if trainer.cfg.wgrad_stream and trainer.device.type == "cuda" and not compiled_network:
+            self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
         if fuse != "none":
             log.warning(
                 "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "

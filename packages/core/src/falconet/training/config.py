@@ -64,7 +64,8 @@ class TrainConfig(BaseModel):
     wgrad_stream: bool = Field(
         True,
         description="graph=whole-step on a GPU: the convolutions' weight gradients run on a "
-        "second stream, beside the input gradients (the same kernels, the same numbers)",
+        "second stream, beside the input gradients (the same kernels, the same numbers); not "
+        "where fuse compiles the network",
     )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
