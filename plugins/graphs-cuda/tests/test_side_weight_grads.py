@@ -11,8 +11,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from falconet.training.config import TrainConfig
 from falconet_graphs_cuda import side_weight_grads
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
+from falconet_graphs_cuda.static_step import side_stream_applies
 
 
 class Shared(nn.Module):
@@ -116,3 +118,18 @@ def test_compiled_through_the_mode_is_the_same_pass():
         strides=False,  # c's two gradients, added in the graph: a 1x1 weight's other strides
     )
     assert sorted(compiled_mode.uses.values()) == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("keys", "device", "applies"),
+    [
+        ({}, "cuda", True),  # the default
+        ({"fuse": "inductor-loss"}, "cuda", True),  # the network still runs on PyTorch's
+        ({"fuse": "inductor"}, "cuda", False),  # a compiled network keeps one stream
+        ({"fuse": "inductor-all"}, "cuda", False),
+        ({"wgrad_stream": False}, "cuda", False),
+        ({}, "cpu", False),
+    ],
+)
+def test_where_the_whole_step_uses_the_second_stream(keys, device, applies):
+    assert side_stream_applies(TrainConfig(**keys), torch.device(device)) is applies

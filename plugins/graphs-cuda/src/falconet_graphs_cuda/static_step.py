@@ -100,6 +100,16 @@ def packed_like(
     return flat, views
 
 
+def side_stream_applies(cfg: Any, device: torch.device) -> bool:
+    """Whether the convolutions' weight gradients run on a second stream
+    (:mod:`falconet_graphs_cuda.side_weight_grads`): asked for (``wgrad_stream``), on CUDA, and
+    with the network not compiled. Inductor compiles a network around the custom op into
+    another fused step than the one whose accuracy was measured, and that one was not bit for
+    bit it and lower on the overfit check (docs/performance.md)."""
+    compiled_network = cfg.fuse in ("inductor", "inductor-all")
+    return bool(cfg.wgrad_stream) and device.type == "cuda" and not compiled_network
+
+
 class StaticStep:
     """Forward + loss + backward and the optimizer step of ``trainer``, on static tensors."""
 
@@ -150,15 +160,11 @@ class StaticStep:
         # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
         # recorder captures the compiled kernels with everything else)
         fuse = trainer.cfg.fuse
-        compiled_network = fuse in ("inductor", "inductor-all")
         self.forward = self._eager_forward
-        if compiled_network:
+        if fuse in ("inductor", "inductor-all"):
             self.forward = torch.compile(self._eager_forward, dynamic=False)
-        # the convolutions' weight gradients on a second stream (side_weight_grads); not in a
-        # compiled network, which Inductor then compiles around the custom op into another
-        # fused step than the one whose accuracy was measured (docs/performance.md)
         self.side: SideWeightGrads | None = None
-        if trainer.cfg.wgrad_stream and trainer.device.type == "cuda" and not compiled_network:
+        if side_stream_applies(trainer.cfg, trainer.device):
             self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
         if fuse != "none":
             log.warning(
