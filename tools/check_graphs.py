@@ -7,8 +7,8 @@ For each precision, the trainers start from the same state (same seed, same init
 and train on the same batches (fetched once, kept on the host): eager, eager again (the
 baseline: how far two eager runs already differ), cuda-graph twice (is a replay
 deterministic run to run) and whole-step (and with ``--fuse PRECISIONS`` whole-step with
-``fuse=inductor``, or another ``--fuse-mode``, and the same on one stream,
-``wgrad_stream=false``, and again, each compared with it bit for bit). ``--strict`` turns on
+``fuse=inductor``, or another ``--fuse-mode``, twice: is the fused step deterministic run to
+run). ``--strict`` turns on
 ``torch.use_deterministic_algorithms`` (warning where an op has no deterministic kernel).
 Batch 16 with ``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-
 accumulation copy is on the path. Compared after every step's loss and at the end: weights,
@@ -143,8 +143,6 @@ def paired(args, amp: str, tmp: Path) -> dict:
     arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(","):
         arms.append(("fused", "whole-step", {"fuse": args.fuse_mode}))
-        # the fused step on one stream: the second stream must not change its numbers
-        arms.append(("fused1", "whole-step", {"fuse": args.fuse_mode, "wgrad_stream": False}))
         arms.append(("fused2", "whole-step", {"fuse": args.fuse_mode}))  # run to run
     trainers = {
         name: build({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
@@ -166,10 +164,7 @@ def paired(args, amp: str, tmp: Path) -> dict:
             f"{name}_failed_with": runner.failed if runner else None,
             f"losses_{name}": runs[name]["losses"].tolist(),
         }
-    if "fused1" in trainers:
-        whole["fused_vs_fused_one_stream"] = compare(
-            trainers["fused1"], trainers["fused"], runs["fused1"], runs["fused"]
-        )
+    if "fused2" in trainers:
         whole["fused_vs_fused"] = compare(
             trainers["fused"], trainers["fused2"], runs["fused"], runs["fused2"]
         )

@@ -90,11 +90,12 @@ class SideWeightGrads(TorchFunctionMode):
             int(bound.get("groups", 1)),
         )
 
-    def weight_grad(self, weight: torch.Tensor, compute) -> torch.Tensor:
-        """``compute()`` on the side stream when ``weight`` was used once, on the current
-        stream otherwise."""
+    def weight_grad(self, weight: torch.Tensor, compute, reads: tuple[torch.Tensor, ...]):
+        """``compute()`` on the side stream when ``weight`` was used once, holding what it
+        ``reads`` until :meth:`join`; on the current stream otherwise."""
         if not self.runs_on_side(weight):
             return compute()
+        self.held += reads
         current = torch.cuda.current_stream(self.stream.device)
         self.stream.wait_stream(current)  # the output gradient is ready
         with torch.cuda.stream(self.stream):
@@ -172,19 +173,9 @@ def conv2d_weight_grad(
     in the weight's strides (as the op's fake says)."""
 
     def compute() -> torch.Tensor:
-        grad = torch.ops.aten.convolution_backward(
-            grad_output,
-            x,
-            weight,
-            None,
-            stride,
-            padding,
-            dilation,
-            False,
-            [0, 0],
-            groups,
-            [False, True, False],
-        )[1]
+        geometry = (stride, padding, dilation, groups)
+        mask = [False, True, False]
+        grad = _convolution_backward(grad_output, x, weight, geometry, None, mask)[1]
         if grad.stride() != weight.stride():
             grad = torch.empty_like(weight).copy_(grad)
         return grad
@@ -192,13 +183,21 @@ def conv2d_weight_grad(
     side = _active
     if side is None:
         return compute()
-    side.held += [grad_output, x, weight]
-    return side.weight_grad(weight, compute)
+    return side.weight_grad(weight, compute, reads=(grad_output, x, weight))
 
 
 @conv2d_weight_grad.register_fake
 def _(grad_output, x, weight, stride, padding, dilation, groups):
     return torch.empty_like(weight)
+
+
+def _convolution_backward(grad_output, x, weight, geometry, bias_sizes, mask):
+    """ATen's convolution backward for the gradients ``mask`` asks for (input, weight, bias):
+    cuDNN's kernel for each, as autograd calls it."""
+    stride, padding, dilation, groups = geometry
+    return torch.ops.aten.convolution_backward(
+        grad_output, x, weight, bias_sizes, stride, padding, dilation, False, [0, 0], groups, mask
+    )
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -214,18 +213,9 @@ def _backward(ctx, grad_output):
     needs_x, needs_w, needs_b = ctx.needs_input_grad[:3]
     grad_x = grad_w = grad_b = None
     if needs_x or needs_b:
-        grad_x, _, grad_b = torch.ops.aten.convolution_backward(
-            grad_output,
-            x,
-            weight,
-            [weight.shape[0]] if ctx.has_bias else None,
-            stride,
-            padding,
-            dilation,
-            False,
-            [0, 0],
-            groups,
-            [needs_x, False, needs_b],
+        bias_sizes = [weight.shape[0]] if ctx.has_bias else None
+        grad_x, _, grad_b = _convolution_backward(
+            grad_output, x, weight, ctx.geometry, bias_sizes, [needs_x, False, needs_b]
         )
     if needs_w:
         grad_w = torch.ops.falconet_graphs.conv2d_weight_grad(

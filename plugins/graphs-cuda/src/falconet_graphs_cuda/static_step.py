@@ -100,14 +100,16 @@ def packed_like(
     return flat, views
 
 
+COMPILED_NETWORK = ("inductor", "inductor-all")  # the fuse values that compile the network
+
+
 def side_stream_applies(cfg: Any, device: torch.device) -> bool:
     """Whether the convolutions' weight gradients run on a second stream
     (:mod:`falconet_graphs_cuda.side_weight_grads`): asked for (``wgrad_stream``), on CUDA, and
     with the network not compiled. Inductor compiles a network around the custom op into
     another fused step than the one whose accuracy was measured, and that one was not bit for
     bit it and lower on the overfit check (docs/performance.md)."""
-    compiled_network = cfg.fuse in ("inductor", "inductor-all")
-    return bool(cfg.wgrad_stream) and device.type == "cuda" and not compiled_network
+    return bool(cfg.wgrad_stream) and device.type == "cuda" and cfg.fuse not in COMPILED_NETWORK
 
 
 class StaticStep:
@@ -161,7 +163,7 @@ class StaticStep:
         # recorder captures the compiled kernels with everything else)
         fuse = trainer.cfg.fuse
         self.forward = self._eager_forward
-        if fuse in ("inductor", "inductor-all"):
+        if fuse in COMPILED_NETWORK:
             self.forward = torch.compile(self._eager_forward, dynamic=False)
         self.side: SideWeightGrads | None = None
         if side_stream_applies(trainer.cfg, trainer.device):
