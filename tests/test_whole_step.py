@@ -171,7 +171,9 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
             optim = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
         else:
             optim = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.999))
-        cfg = SimpleNamespace(clip_grad=clip, batch=4, fuse="none", wgrad_stream=True)
+        cfg = SimpleNamespace(
+            clip_grad=clip, batch=4, fuse="none", wgrad_stream=True, bn_silu="native"
+        )
         trainer = SimpleNamespace(
             model=net,
             optimizer=optim,

@@ -142,8 +142,9 @@ def paired(args, amp: str, tmp: Path) -> dict:
     arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
     arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(","):
-        arms.append(("fused", "whole-step", {"fuse": args.fuse_mode}))
-        arms.append(("fused2", "whole-step", {"fuse": args.fuse_mode}))  # run to run
+        fused = {"fuse": args.fuse_mode} | dict(k.split("=", 1) for k in args.fused_keys)
+        arms.append(("fused", "whole-step", fused))
+        arms.append(("fused2", "whole-step", fused))  # run to run
     trainers = {
         name: build({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
         for name, graph, extra in arms
@@ -305,8 +306,14 @@ def main() -> None:
     parser.add_argument(
         "--fuse-mode",
         default="inductor",
-        choices=("inductor", "inductor-loss", "inductor-all"),
+        choices=("none", "inductor", "inductor-loss", "inductor-all"),
         help="the fused arm's fuse key",
+    )
+    parser.add_argument(
+        "--fused-keys",
+        nargs="*",
+        default=[],
+        help="more config keys of the fused arms, key=value (e.g. bn_silu=triton)",
     )
     parser.add_argument(
         "--strict",

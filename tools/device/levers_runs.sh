@@ -10,9 +10,11 @@
 # seconds to start instead of about 100 s each.
 # Jobs:
 #   check      tools/check_graphs.py: eager vs cuda-graph vs whole-step from the same state in
-#              check_amp, torch's deterministic algorithms, check_steps steps; the bf16 fused
-#              arm with fuse_mode
+#              check_amp, torch's deterministic algorithms, check_steps steps; the fused arms
+#              (in check_fuse's precisions) with fuse_mode and fused_keys (e.g. bn_silu=triton)
 #   bn         tools/bench_batchnorm.py: BatchNorm's kernels, native bf16 vs cuDNN fp16
+#   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
+#              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64
 #   step-b16   isolated step (tools/bench_train.py --measures step), bf16, batch 16, arms16
 #   step-b64   the same at batch 64, arms64
 #   step-fp16  the same in fp16 at batch 16, arms_fp16
@@ -69,10 +71,15 @@ job() {  # name, gpu
       CUDA_VISIBLE_DEVICES=$2 timeout "${check_timeout:-280}" python tools/check_graphs.py \
         --data .data/coco128/coco128.yaml --amp "${check_amp:-fp32,fp16,bf16}" \
         --fuse "${check_fuse-bf16}" --fuse-mode "${fuse_mode:-inductor-all}" --strict \
+        --fused-keys ${fused_keys:-} \
         --steps "${check_steps:-24}" --out "$OUT/check.json" > /tmp/logs/check-gpu$2.out 2> /tmp/logs/check-gpu$2.err ;;
     bn)
       CUDA_VISIBLE_DEVICES=$2 timeout 60 python tools/bench_batchnorm.py --batch 16,64 \
         --out "$OUT/bn.json" > /tmp/logs/bn-gpu$2.out 2> /tmp/logs/bn-gpu$2.err ;;
+    bn-silu)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${bn_silu_timeout:-150}" python \
+        bench_bn_silu.py --batch 16,64 --dtypes fp16,bf16 --out "$OUT/bn-silu.json") \
+        > /tmp/logs/bn-silu-gpu$2.out 2> /tmp/logs/bn-silu-gpu$2.err ;;
     step-b16)
       step "$1" "$2" bf16 16 "${arms16:-$ws,$ws:fuse=inductor,$ws:fuse=inductor-loss,$ws:fuse=inductor-all}" "${b16_timeout:-400}" ;;
     step-b64)

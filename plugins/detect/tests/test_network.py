@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -133,7 +134,7 @@ def test_conv_block_activation_copies_nothing_and_trains_as_in_place(dtype):
     block = Conv(4, 8, 3).train()
     in_place = Conv(4, 8, 3).train()
     in_place.load_state_dict(block.state_dict())
-    in_place.act = torch.nn.SiLU(inplace=True)
+    in_place.forward = lambda x: F.silu(in_place.bn(in_place.conv(x)), inplace=True)
     x = torch.randn(2, 4, 9, 7)
     results = []
     for net in (block, in_place):

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from falconet import ops
+
 BN_EPS, BN_MOMENTUM = 1e-3, 0.03
 
 
@@ -32,16 +34,18 @@ class Conv(nn.Module):
 
     The SiLU is not in place: its backward reads its input, so under autograd an in-place SiLU
     first copies the BatchNorm output it overwrites (one more kernel over the activation per
-    block, and no memory saved); out of place, it writes its output and keeps the input."""
+    block, and no memory saved); out of place, it writes its output and keeps the input.
+
+    BatchNorm and SiLU go through :func:`falconet.ops.batch_norm_silu`, which a graph backend
+    may run as one fused kernel (``bn_silu=triton``, docs/performance.md)."""
 
     def __init__(self, c_in: int, c_out: int, k: int = 1, s: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
+        return ops.batch_norm_silu(self.conv(x), self.bn)
 
 
 class Bottleneck(nn.Module):

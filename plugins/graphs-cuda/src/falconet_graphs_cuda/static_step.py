@@ -47,6 +47,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
 
 if TYPE_CHECKING:
@@ -112,6 +113,34 @@ def side_stream_applies(cfg: Any, device: torch.device) -> bool:
     return bool(cfg.wgrad_stream) and device.type == "cuda" and cfg.fuse not in COMPILED_NETWORK
 
 
+def fused_bn_silu(cfg: Any, device: torch.device) -> FusedBatchNormSiLU | None:
+    """The function mode that runs BatchNorm and SiLU as one Triton op (``bn_silu=triton``,
+    :mod:`falconet_graphs_cuda.bn_silu`), or None for PyTorch's kernels."""
+    if cfg.bn_silu != "triton":
+        return None
+    if device.type != "cuda":
+        log.info("bn_silu=triton: Triton kernels need a CUDA device; BatchNorm runs as PyTorch's")
+        return None
+    if cfg.fuse in COMPILED_NETWORK:  # TorchDynamo traces the family's own forms, not the mode
+        raise ValueError(
+            f"bn_silu=triton with fuse={cfg.fuse}: Inductor compiles the network with its own "
+            "BatchNorm and SiLU kernels, and a compiled network does not take the fused op; "
+            "use bn_silu=triton with fuse=none or fuse=inductor-loss, or fuse alone"
+        )
+    try:
+        import triton  # noqa: F401  (the kernels' compiler; torch's CUDA builds carry it)
+    except ImportError as error:
+        raise RuntimeError(
+            "bn_silu=triton needs the triton package (pip install triton, the version your "
+            "torch build names), or train with bn_silu=native"
+        ) from error
+    log.warning(
+        "bn_silu=triton: BatchNorm and SiLU run as one Triton op, which agrees with PyTorch's "
+        "kernels to rounding, not bit for bit: check your accuracy before keeping it"
+    )
+    return FusedBatchNormSiLU()
+
+
 class StaticStep:
     """Forward + loss + backward and the optimizer step of ``trainer``, on static tensors."""
 
@@ -168,6 +197,7 @@ class StaticStep:
         self.side: SideWeightGrads | None = None
         if side_stream_applies(trainer.cfg, trainer.device):
             self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
+        self.bn_silu = fused_bn_silu(trainer.cfg, trainer.device)
         if fuse != "none":
             log.warning(
                 "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "
@@ -320,7 +350,11 @@ class StaticStep:
         # then skips the add) and all counters advance in one kernel here, to the same counts
         counters = [m.num_batches_tracked for _, m in self.counted if m.training]
         uncounted = {name: None for name, m in self.counted if m.training}
-        with trainer.precision.autocast(trainer.device), self.side or contextlib.nullcontext():
+        with contextlib.ExitStack() as modes:
+            modes.enter_context(trainer.precision.autocast(trainer.device))
+            for mode in (self.side, self.bn_silu):
+                if mode is not None:
+                    modes.enter_context(mode)
             outputs = self.forward(leaves | uncounted, images)
         if counters:
             torch._foreach_add_(counters, 1)

@@ -67,6 +67,12 @@ class TrainConfig(BaseModel):
         "second stream, beside the input gradients (the same kernels, the same numbers); not "
         "where fuse compiles the network",
     )
+    bn_silu: Literal["native", "triton"] = Field(
+        "native",
+        description="graph=whole-step on a GPU: BatchNorm and SiLU as PyTorch's kernels "
+        "(native) or one fused op on Triton kernels (triton: fewer kernels and passes over "
+        "memory, agrees to rounding, not bit for bit; docs/performance.md)",
+    )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd or adamw")

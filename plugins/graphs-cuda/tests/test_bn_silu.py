@@ -1,0 +1,221 @@
+"""The fused BatchNorm + SiLU op's logic on the CPU, its Triton kernels run by Triton's
+interpreter: output, gradients and running statistics against the same computation in
+float64, several reduction programs and ragged tiles included; a channel whose mean dwarfs its
+spread; which calls the mode takes and which it leaves to PyTorch; the family's Conv block
+through it. Speed and the GPU's numbers are ``tools/bench_bn_silu.py``'s.
+
+Triton decides at decoration whether a kernel (its own library's helpers included) runs
+interpreted, and Triton is imported with torch, before a test could ask. So the tests that
+launch kernels run in a child pytest with ``TRITON_INTERPRET=1`` set from the start
+(:func:`test_kernels_in_the_triton_interpreter`); in this process they are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from falconet import ops
+from falconet.training.config import TrainConfig
+
+pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
+
+from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU
+from falconet_graphs_cuda.static_step import fused_bn_silu
+
+MOMENTUM, EPS = 0.03, 1e-3
+NAMES = ("z", "dx", "dw", "db", "running mean", "running var")  # what _run returns
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(
+    not INTERPRETED, reason="launches kernels: runs in test_kernels_in_the_triton_interpreter"
+)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the child run")
+def test_kernels_in_the_triton_interpreter():
+    """This file's kernel tests, in a pytest started with the interpreter on."""
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " skipped" in run.stdout  # the child skips only this
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def _bn(channels: int, seed: int = 0) -> nn.BatchNorm2d:
+    torch.manual_seed(seed)
+    bn = nn.BatchNorm2d(channels, eps=EPS, momentum=MOMENTUM)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.normal_()
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    return bn
+
+
+def _run(x: torch.Tensor, bn: nn.Module, fused: bool, dz: torch.Tensor):
+    """Output, the gradients of input, weight and bias, and the running statistics after."""
+    x = x.detach().requires_grad_()
+    if fused:
+        with FusedBatchNormSiLU(interpret=True):
+            z = ops.batch_norm_silu(x, bn)
+    else:
+        z = F.silu(bn(x))
+    grads = torch.autograd.grad(z, (x, bn.weight, bn.bias), dz.to(z.dtype))
+    return (z, *grads, bn.running_mean.clone(), bn.running_var.clone())
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 16, 7, 5),  # one reduction program, ragged row tile
+        (3, 16, 31, 29),  # several programs, the last one short
+        (2, 80, 6, 7),  # two channel blocks, the second ragged
+        (4, 24, 1, 1),  # one pixel: channels-last and contiguous coincide
+    ],
+)
+def test_fused_op_matches_float64(shape):
+    """Against ``F.silu(batch_norm(x))`` in float64 from the same state: the fused op's
+    float32 results within float32 rounding, and the batch counter advanced once."""
+    torch.manual_seed(1)
+    x = (torch.randn(shape) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
+    dz = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    bn, reference = _bn(shape[1]), _bn(shape[1]).double()
+    got = _run(x, bn, True, dz)
+    want = _run(x.double(), reference, False, dz.double())
+    assert got[0].dtype == torch.float32
+    assert got[0].is_contiguous(memory_format=torch.channels_last)
+    for name, a, b in zip(NAMES, got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5, msg=name)
+    assert bn.num_batches_tracked.item() == 1
+
+
+def _worst_errors(got, want) -> list[float]:
+    return [(a.double() - b).abs().max().item() for a, b in zip(got, want, strict=True)]
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_op_in_half_precision_is_as_close_to_float64_as_pytorch(dtype):
+    """fp16 and bf16 in, the same dtype out, statistics and the affine parameters' gradients
+    in float32; every result at most as far from float64 (on the same rounded inputs) as
+    PyTorch's own BatchNorm and SiLU in that dtype, give or take one rounding of the output."""
+    torch.manual_seed(2)
+    shape = (2, 32, 9, 8)
+    x = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
+    dz = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
+    want = _run(x.double(), _bn(32).double(), False, dz.double())
+    got = _run(x, _bn(32), True, dz)
+    assert got[0].dtype == got[1].dtype == dtype
+    assert all(t.dtype == torch.float32 for t in got[2:])
+    fused = _worst_errors(got, want)
+    native = _worst_errors(_run(x, _bn(32), False, dz), want)
+    slack = [torch.finfo(dtype).eps * w.abs().max().item() for w in want[:2]] + [1e-6] * 4
+    for name, f, n, s in zip(NAMES, fused, native, slack, strict=True):
+        assert f <= n + s, (name, f, n)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["eval", "no-momentum", "strided-input", "no-affine"],
+)
+def test_mode_leaves_to_pytorch_what_it_does_not_fuse(case):
+    """Evaluation (running statistics), a cumulative average, an input not dense in
+    channels-last and a BatchNorm without weights run as the family wrote them: the same
+    result bit for bit, and no fused op dispatched."""
+    bn = _bn(8)
+    x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    if case == "eval":
+        bn.eval()
+    elif case == "no-momentum":
+        bn.momentum = None
+    elif case == "strided-input":
+        x = x.contiguous()
+    else:
+        bn = nn.BatchNorm2d(8, affine=False)
+    expect_bn = _bn(8) if case != "no-affine" else nn.BatchNorm2d(8, affine=False)
+    expect_bn.load_state_dict(bn.state_dict())
+    expect_bn.train(bn.training)
+    expect_bn.momentum = bn.momentum
+    seen = _Ops()
+    with FusedBatchNormSiLU(interpret=True), seen:
+        z = ops.batch_norm_silu(x, bn)
+    assert torch.equal(z, F.silu(expect_bn(x)))
+    assert not any(name.startswith("falconet_graphs") for name in seen.names)
+
+
+def test_mode_takes_a_cuda_tensor_only_outside_the_interpreter():
+    """Without ``interpret`` a CPU tensor is PyTorch's: Triton compiles for the GPU."""
+    bn = _bn(8)
+    x = torch.randn(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    seen = _Ops()
+    with FusedBatchNormSiLU(), seen:
+        ops.batch_norm_silu(x, bn)
+    assert not any(name.startswith("falconet_graphs") for name in seen.names)
+
+
+@interpreted
+def test_family_conv_block_runs_the_fused_op():
+    """The family's Conv-BN-SiLU goes through ``ops.batch_norm_silu``: under the mode its
+    forward dispatches the fused op, and trains to the same values within rounding."""
+    from falconet_detect.blocks import Conv
+
+    torch.manual_seed(4)
+    block = Conv(4, 16, 3).train().to(memory_format=torch.channels_last)
+    plain = Conv(4, 16, 3).train().to(memory_format=torch.channels_last)
+    plain.load_state_dict(block.state_dict())
+    x = torch.randn(2, 4, 12, 10).contiguous(memory_format=torch.channels_last)
+    seen = _Ops()
+    with FusedBatchNormSiLU(interpret=True), seen:
+        y = block(x)
+    assert "falconet_graphs.bn_silu" in seen.names
+    (grad,) = torch.autograd.grad(y.square().sum(), [block.conv.weight])
+    y_ref = plain(x)
+    (grad_ref,) = torch.autograd.grad(y_ref.square().sum(), [plain.conv.weight])
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(block.bn.running_var, plain.bn.running_var)
+
+
+@pytest.mark.parametrize(
+    ("value", "device", "mode"),
+    [("native", "cuda", False), ("triton", "cuda", True), ("triton", "cpu", False)],
+)
+def test_whole_step_choice_of_the_fused_op(value, device, mode, caplog):
+    """``bn_silu=triton`` gives the whole step the mode on a GPU, with a warning that it is
+    not bit for bit; on the CPU it says why it runs PyTorch's kernels."""
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        got = fused_bn_silu(TrainConfig(bn_silu=value), torch.device(device))
+    assert isinstance(got, FusedBatchNormSiLU) is mode
+    if value == "triton":
+        assert ("not bit for bit" if mode else "need a CUDA device") in caplog.text
+
+
+@pytest.mark.parametrize("fuse", ["inductor", "inductor-all"])
+def test_fused_op_refused_with_a_compiled_network(fuse):
+    """TorchDynamo traces the family's ``F.silu(bn(x))``, not the mode: the two together
+    would silently be Inductor's BatchNorm, so they are refused, saying what works."""
+    with pytest.raises(ValueError, match="fuse=inductor-loss"):
+        fused_bn_silu(TrainConfig(bn_silu="triton", fuse=fuse), torch.device("cuda"))

@@ -1,0 +1,123 @@
+"""BatchNorm + SiLU for every Conv block of a family's network: PyTorch's kernels against the
+fused Triton op (``bn_silu=triton``, falconet_graphs_cuda.bn_silu), time and error.
+
+For each BatchNorm input of the network at ``--batch`` (shapes from one forward pass,
+channels_last), the forward and backward of all layers are recorded as one CUDA graph and
+replayed, as whole-step runs them; the median of ``--repeats`` replays after ``--warmup``, CUDA
+events. Variants, per dtype: ``native`` (``F.silu(F.batch_norm(...))``: cuDNN's BatchNorm in
+fp16, PyTorch's own in bf16, then SiLU) and ``triton``. The error of each, against the same
+computation in float64 on the same inputs, is the largest absolute difference over every
+layer, for the output, the input's gradient, the weight's and the bias's, and the running
+statistics: the fused op should be no further from float64 than PyTorch's kernels are.
+
+    python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_batchnorm import EPS, MOMENTUM, bn_shapes, layer_inputs  # tools/ is on the path
+from graph_replay import replay_ms
+
+from falconet_graphs_cuda.bn_silu import _BatchNormSiLU
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def native(layer, dtype=None):
+    x = layer["x"] if dtype is None else layer["x"].to(dtype)
+    args = (layer["rm"], layer["rv"], layer["w"], layer["b"])
+    if dtype is not None:
+        args = tuple(t.to(dtype) for t in args)
+    return F.silu(F.batch_norm(x, *args, True, MOMENTUM, EPS))
+
+
+def fused(layer):
+    return _BatchNormSiLU.apply(
+        layer["x"], layer["w"], layer["b"], layer["rm"], layer["rv"], MOMENTUM, EPS
+    )
+
+
+def fwd_bwd(layers, fn) -> None:
+    for layer in layers:
+        out = fn(layer)
+        grads = torch.autograd.grad(out, (layer["x"], layer["w"], layer["b"]), layer["dy"])
+        del out, grads
+
+
+def errors(layers) -> dict:
+    """Largest absolute error of each variant against float64, over all layers."""
+    worst = {v: dict.fromkeys(("out", "dx", "dw", "db", "running_var"), 0.0) for v in VARIANTS}
+    for layer in layers:
+        reference = None
+        for name, fn in (("float64", partial(native, dtype=torch.float64)), *VARIANTS.items()):
+            layer["rm"].zero_()
+            layer["rv"].fill_(1.0)
+            out = fn(layer)
+            got = torch.autograd.grad(out, (layer["x"], layer["w"], layer["b"]), layer["dy"])
+            running_var = layer["rv"]
+            if reference is None:  # float64 ran on copies of the statistics: PyTorch's formula
+                unbiased = layer["x"].double().var(dim=(0, 2, 3), correction=1)
+                running_var = 1.0 + MOMENTUM * (unbiased - 1.0)
+            values = [t.double() for t in (out, *got, running_var)]
+            if reference is None:
+                reference = values
+                continue
+            for key, a, b in zip(worst[name], values, reference, strict=True):
+                worst[name][key] = max(worst[name][key], (a - b).abs().max().item())
+    return worst
+
+
+VARIANTS = {"native": native, "triton": fused}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="yolo-n")
+    parser.add_argument("--batch", default="16,64")
+    parser.add_argument("--dtypes", default="fp16,bf16")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_bn_silu measures CUDA kernels; run it on the GPU machine")
+    import triton
+
+    report = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "device": torch.cuda.get_device_name(),
+        "model": args.model,
+        "imgsz": args.imgsz,
+        "rows": [],
+    }
+    for batch in map(int, args.batch.split(",")):
+        shapes = bn_shapes(args.model, batch, args.imgsz)
+        for dtype_name in args.dtypes.split(","):
+            torch.manual_seed(0)
+            layers = layer_inputs(shapes, DTYPES[dtype_name])
+            row = {"batch": batch, "dtype": dtype_name, "layers": len(shapes)}
+            for name, fn in VARIANTS.items():
+                work = partial(fwd_bwd, layers, fn)
+                row[f"{name}_ms"] = replay_ms(work, args.warmup, args.repeats)
+            row["speedup"] = row["native_ms"] / row["triton_ms"]
+            row["max_abs_error_vs_float64"] = errors(layers)
+            report["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            del layers
+            torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
