@@ -117,24 +117,6 @@ def _worst_errors(got, want) -> list[float]:
 
 
 @interpreted
-def test_reductions_reset_their_counters_and_repeat_bit_for_bit():
-    """The last program of each reduction resets its counter, so the next layer's reduction
-    (and the next replay) merges again: a second pass gives the same bits, and the counters
-    are zeros after each."""
-    from falconet_graphs_cuda.bn_silu import _counters
-
-    torch.manual_seed(5)
-    shape = (3, 16, 31, 29)  # several reduction programs
-    x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
-    dz = torch.randn(shape).contiguous(memory_format=torch.channels_last)
-    first, second = _run(x, _bn(16), True, dz), _run(x, _bn(16), True, dz)
-    for name, a, b in zip(NAMES, first, second, strict=True):
-        assert torch.equal(a, b), name
-    for kind in ("forward", "backward"):
-        assert not _counters(x.device, kind).any()
-
-
-@interpreted
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fused_op_in_half_precision_is_as_close_to_float64_as_pytorch(dtype):
     """fp16 and bf16 in, the same dtype out, statistics and the affine parameters' gradients

@@ -1,9 +1,9 @@
 """BatchNorm and SiLU as one op on Triton kernels, for the whole step (``bn_silu=triton``).
 
 With the launches gone, BatchNorm and SiLU are the largest kernel cost of a small detector's
-step (docs/performance.md): PyTorch runs cuDNN's BatchNorm, then SiLU apart, six
-kernels and thirteen passes over the activation a layer, forward and backward. The op
-``falconet_graphs::bn_silu`` does it in four kernels and eight passes
+step (docs/performance.md): PyTorch runs cuDNN's BatchNorm (its native kernels in bf16), then
+SiLU apart: six kernels and about thirteen passes over the activation a layer, forward and
+backward. The op ``falconet_graphs::bn_silu`` does it in six kernels and eight passes
 (:mod:`falconet_graphs_cuda.bn_silu_kernels`). Its numbers agree with PyTorch's to rounding,
 not bit for bit (other reductions), so it is an opt-in whose accuracy the overfit check
 measures.
@@ -18,8 +18,6 @@ uses its running statistics, never comes here.
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -27,8 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from falconet import ops
 
-ELEMENTS = 4096  # elements of an elementwise program's tile; 4 warps hold it in registers
-REDUCE_ELEMENTS = 2048  # a reduction's tile: it keeps two float32 accumulators of that size
+ELEMENTS = 4096  # elements of one program's tile; 4 warps hold it in registers
 PROGRAMS_PER_SM = 4  # the reductions' row programs, per SM and channel block
 
 
@@ -77,56 +74,24 @@ def _programs(device: torch.device) -> int:
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """How a ``[rows, channels]`` activation is cut: channel blocks of ``block_c``; the
-    elementwise kernels' row tiles of ``block_r``; the reductions' tiles of ``reduce_r`` rows,
-    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs."""
-
-    rows: int
-    channels: int
-    block_c: int
-    block_r: int
-    reduce_r: int
-    per_program: int
-
-    @property
-    def programs(self) -> int:
-        return -(-self.rows // self.per_program)
-
-    @property
-    def reduce_grid(self) -> tuple[int, int]:
-        return self.programs, -(-self.channels // self.block_c)
-
-    @property
-    def map_grid(self) -> tuple[int, int]:
-        return -(-self.rows // self.block_r), self.reduce_grid[1]
-
-
-def _plan(x: torch.Tensor) -> _Plan:
+def _plan(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """Rows, channels, channel block, row block, and the rows each reduction program takes
+    (a whole number of row blocks)."""
     channels = x.shape[1]
     rows = x.numel() // channels
     block_c = min(64, max(16, 1 << (channels - 1).bit_length()))
-    reduce_r = REDUCE_ELEMENTS // block_c
-    target = max(1, _programs(x.device) // -(-channels // block_c))
-    per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
-    return _Plan(rows, channels, block_c, ELEMENTS // block_c, reduce_r, per_program)
+    block_r = ELEMENTS // block_c
+    channel_blocks = -(-channels // block_c)
+    target = max(1, _programs(x.device) // channel_blocks)
+    per_program = -(-rows // target)
+    per_program = block_r * -(-per_program // block_r)
+    return rows, channels, block_c, block_r, per_program
 
 
-COUNTER_SLOTS = 4096  # channel blocks a reduction may have (262,144 channels)
-
-
-@functools.cache
-def _counters(device: torch.device, kind: str) -> torch.Tensor:
-    """The reductions' finish counters on ``device`` (``kind``: forward or backward), zeros
-    that each reduction's last program resets. Made on the first call, which must not be
-    inside a CUDA graph capture (the whole step runs eagerly before it records)."""
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "bn_silu=triton: the fused op's first call is inside a CUDA graph capture; run a "
-            "step eagerly first (the whole step does)"
-        )
-    return torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+def _grids(rows: int, channels: int, block_c: int, block_r: int, per_program: int):
+    channel_blocks = -(-channels // block_c)
+    programs = -(-rows // per_program)
+    return programs, (programs, channel_blocks), (-(-rows // block_r), channel_blocks)
 
 
 # --------------------------------------------------------------------------- the ops
@@ -144,23 +109,24 @@ def bn_silu(
     the output, the batch's mean and its 1/std (what the backward reads)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    plan = _plan(x)
-    if plan.reduce_grid[1] > COUNTER_SLOTS:
-        raise ValueError(f"bn_silu=triton takes at most {COUNTER_SLOTS * plan.block_c} channels")
-    partial_mean = x.new_empty((plan.programs, plan.channels), dtype=torch.float32)
+    rows, channels, block_c, block_r, per_program = _plan(x)
+    programs, reduce_grid, map_grid = _grids(rows, channels, block_c, block_r, per_program)
+    partial_mean = x.new_empty((programs, channels), dtype=torch.float32)
     partial_m2 = torch.empty_like(partial_mean)
-    mean = x.new_empty(plan.channels, dtype=torch.float32)
+    mean = x.new_empty(channels, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     z = torch.empty_like(x, memory_format=torch.channels_last)
-    k.stats[plan.reduce_grid](
-        x, partial_mean, partial_m2, _counters(x.device, "forward"), mean, rstd, running_mean,
-        running_var, plan.rows, plan.channels, plan.per_program, plan.programs, momentum, eps,
-        BLOCK_R=plan.reduce_r, BLOCK_C=plan.block_c,
+    k.stats_partial[reduce_grid](
+        x, partial_mean, partial_m2, rows, channels, per_program, BLOCK_R=block_r, BLOCK_C=block_c
+    )
+    k.stats_final[(reduce_grid[1],)](
+        partial_mean, partial_m2, mean, rstd, running_mean, running_var,
+        rows, channels, per_program, programs, momentum, eps,
+        BLOCK_P=block_r, BLOCK_C=block_c,
     )  # fmt: skip
-    k.normalise_silu[plan.map_grid](
-        x, z, mean, rstd, weight, bias, plan.rows, plan.channels,
-        BLOCK_R=plan.block_r, BLOCK_C=plan.block_c,
-    )  # fmt: skip
+    k.normalise_silu[map_grid](
+        x, z, mean, rstd, weight, bias, rows, channels, BLOCK_R=block_r, BLOCK_C=block_c
+    )
     return z, mean, rstd
 
 
@@ -183,20 +149,24 @@ def bn_silu_backward(
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-    plan = _plan(x)
-    partial_dy = x.new_empty((plan.programs, plan.channels), dtype=torch.float32)
+    rows, channels, block_c, block_r, per_program = _plan(x)
+    programs, reduce_grid, map_grid = _grids(rows, channels, block_c, block_r, per_program)
+    partial_dy = x.new_empty((programs, channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
     grad_bias = torch.empty_like(bias)
     grad_weight = torch.empty_like(weight)
     grad_x = torch.empty_like(x, memory_format=torch.channels_last)
-    k.grad_sums[plan.reduce_grid](
+    k.grad_partial[reduce_grid](
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-        _counters(x.device, "backward"), grad_bias, grad_weight, plan.rows, plan.channels,
-        plan.per_program, plan.programs, BLOCK_R=plan.reduce_r, BLOCK_C=plan.block_c,
+        rows, channels, per_program, BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
-    k.grad_input[plan.map_grid](
-        grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, plan.rows,
-        plan.channels, BLOCK_R=plan.block_r, BLOCK_C=plan.block_c,
+    k.grad_final[(reduce_grid[1],)](
+        partial_dy, partial_dy_xhat, grad_bias, grad_weight, channels, programs,
+        BLOCK_P=block_r, BLOCK_C=block_c,
+    )  # fmt: skip
+    k.grad_input[map_grid](
+        grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, rows, channels,
+        BLOCK_R=block_r, BLOCK_C=block_c,
     )  # fmt: skip
     return grad_x, grad_weight, grad_bias
 

@@ -1,14 +1,12 @@
 """Triton kernels for BatchNorm (training statistics) followed by SiLU, forward and backward,
 on a channels-last activation seen as a ``[rows, channels]`` matrix (rows = N x H x W).
 
-Four kernels a layer, where PyTorch runs six (cuDNN's BatchNorm, then SiLU apart, forward and
-backward) and Inductor about nine (docs/performance.md). The forward reads the input twice and
-writes the output once; the backward reads the output gradient and the input twice and writes
-the input gradient once, recomputing the normalised value and the SiLU's derivative instead of
-keeping them: 8 passes over the activation a layer, where PyTorch's pair moves about 13. Each
-reduction is one kernel: its programs write partial results, and the last program of a
-channel block to finish (an atomic counter) merges them, where a second kernel would cost a
-launch and a wait.
+Six kernels a layer, as many as PyTorch's pair (cuDNN's BatchNorm, then SiLU apart, forward
+and backward: the step's kernel count did not move), but fewer bytes: the forward reads the
+input twice and writes the output once; the backward reads the output gradient and the input
+twice and writes the input gradient once, recomputing the normalised value and the SiLU's
+derivative instead of keeping them: 8 passes over the activation a layer, where PyTorch's
+pair moves about 13, and the SiLU's gradient stays in float32 on its way into BatchNorm's.
 
 Every reduction is in float32 and in a fixed order (row blocks of a fixed size, then their
 partial results in order), so the kernels give the same bits run to run. The statistics are
@@ -38,70 +36,44 @@ def _merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 
 @triton.jit
-def _last_program(counter_ptr, programs):
-    """Whether this program is the last of its channel block to finish: it then merges the
-    partial results, which the others have released (the counter is reset for the next
-    layer). Which program is last varies; the merge's order does not."""
-    tl.debug_barrier()  # every thread's partial stores issued before the release below
-    done = tl.atomic_add(counter_ptr + tl.program_id(1), 1, sem="acq_rel")
-    last = done == programs - 1
-    if last:
-        tl.store(counter_ptr + tl.program_id(1), 0)
-    return last
-
-
-@triton.jit
-def stats(
-    x_ptr, mean_ptr, m2_ptr, counter_ptr, batch_mean_ptr, batch_rstd_ptr,
-    running_mean_ptr, running_var_ptr, rows, channels, rows_per_program, programs,
-    momentum, eps,
+def stats_partial(
+    x_ptr, mean_ptr, m2_ptr, rows, channels, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Per program: mean and squared deviations of its rows, per channel of its block; the
-    last program merges them all (:func:`_stats_final`)."""
+    """Per program: mean and squared deviations of its rows, per channel of its block."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
     begin = pid_r * rows_per_program
     end = tl.minimum(begin + rows_per_program, rows)
-    # Welford per row slot of the tile, element by element, then the slots merged once
-    count = tl.zeros([BLOCK_R], tl.float32)
-    mean = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-    m2 = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    n_a = tl.zeros([BLOCK_C], tl.float32)
+    mean_a = tl.zeros([BLOCK_C], tl.float32)
+    m2_a = tl.zeros([BLOCK_C], tl.float32)
     for start in range(begin, end, BLOCK_R):
         r = start + tl.arange(0, BLOCK_R)
         row_ok = r < end
         ok = row_ok[:, None] & col_ok[None, :]
         x = tl.load(x_ptr + r[:, None] * channels + cols[None, :], mask=ok, other=0.0)
         x = x.to(tl.float32)
-        count += row_ok.to(tl.float32)
-        share = tl.where(row_ok, 1.0 / tl.maximum(count, 1.0), 0.0)
-        delta = tl.where(ok, x - mean, 0.0)
-        mean += delta * share[:, None]
-        m2 += delta * tl.where(ok, x - mean, 0.0)
-    n_a = tl.sum(count, axis=0)
-    mean_a = tl.sum(count[:, None] * mean, axis=0) / tl.maximum(n_a, 1.0)
-    spread = tl.where(count[:, None] > 0, mean - mean_a[None, :], 0.0)
-    m2_a = tl.sum(m2 + count[:, None] * spread * spread, axis=0)
+        n_b = tl.sum(row_ok.to(tl.float32), axis=0)
+        mean_b = tl.sum(x, axis=0) / n_b
+        d = tl.where(ok, x - mean_b[None, :], 0.0)
+        n_a, mean_a, m2_a = _merge(n_a, mean_a, m2_a, n_b, mean_b, tl.sum(d * d, axis=0))
     out = pid_r * channels + cols
     tl.store(mean_ptr + out, mean_a, mask=col_ok)
     tl.store(m2_ptr + out, m2_a, mask=col_ok)
-    if _last_program(counter_ptr, programs):
-        _stats_final(
-            cols, col_ok, mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
-            running_var_ptr, rows, channels, rows_per_program, programs, momentum, eps,
-            BLOCK_R, BLOCK_C,
-        )  # fmt: skip
 
 
 @triton.jit
-def _stats_final(
-    cols, col_ok, mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
-    running_var_ptr, rows, channels, rows_per_program, programs, momentum, eps,
+def stats_final(
+    mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
+    rows, channels, rows_per_program, programs, momentum, eps,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Merge the programs' summaries in order; the batch's mean and 1/std, and the running
     statistics moved towards them (the unbiased variance, as PyTorch keeps)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
     n_a = tl.zeros([BLOCK_C], tl.float32)
     mean_a = tl.zeros([BLOCK_C], tl.float32)
     m2_a = tl.zeros([BLOCK_C], tl.float32)
@@ -110,8 +82,8 @@ def _stats_final(
         p_ok = p < programs
         ok = p_ok[:, None] & col_ok[None, :]
         idx = p[:, None] * channels + cols[None, :]
-        means = tl.load(mean_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")
-        m2s = tl.load(m2_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")
+        means = tl.load(mean_ptr + idx, mask=ok, other=0.0)
+        m2s = tl.load(m2_ptr + idx, mask=ok, other=0.0)
         counts = tl.minimum(rows - p * rows_per_program, rows_per_program)
         counts = tl.where(p_ok, counts, 0).to(tl.float32)
         n_b = tl.sum(counts, axis=0)
@@ -160,13 +132,12 @@ def _silu_grad(x, dz, mean, rstd, w, b):
 
 
 @triton.jit
-def grad_sums(
+def grad_partial(
     dz_ptr, x_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
-    counter_ptr, grad_b_ptr, grad_w_ptr, rows, channels, rows_per_program, programs,
+    rows, channels, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Per program: the sums of ``dy`` and ``dy x x_hat`` over its rows, per channel; the
-    last program adds them all (:func:`_grad_final`)."""
+    """Per program: the sums of ``dy`` and ``dy x x_hat`` over its rows, per channel."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
@@ -176,9 +147,8 @@ def grad_sums(
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
     begin = pid_r * rows_per_program
     end = tl.minimum(begin + rows_per_program, rows)
-    # summed element by element over the row tiles, then over the tile's rows once
-    acc_dy = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-    acc_dy_xhat = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    sum_dy = tl.zeros([BLOCK_C], tl.float32)
+    sum_dy_xhat = tl.zeros([BLOCK_C], tl.float32)
     for start in range(begin, end, BLOCK_R):
         r = start + tl.arange(0, BLOCK_R)
         ok = (r < end)[:, None] & col_ok[None, :]
@@ -187,36 +157,29 @@ def grad_sums(
         dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
         x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
         dy = tl.where(ok, dy, 0.0)
-        acc_dy += dy
-        acc_dy_xhat += dy * x_hat
-    sum_dy = tl.sum(acc_dy, axis=0)
-    sum_dy_xhat = tl.sum(acc_dy_xhat, axis=0)
+        sum_dy += tl.sum(dy, axis=0)
+        sum_dy_xhat += tl.sum(dy * x_hat, axis=0)
     out = pid_r * channels + cols
     tl.store(sum_dy_ptr + out, sum_dy, mask=col_ok)
     tl.store(sum_dy_xhat_ptr + out, sum_dy_xhat, mask=col_ok)
-    if _last_program(counter_ptr, programs):
-        _grad_final(
-            cols, col_ok, sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels,
-            programs, BLOCK_R, BLOCK_C,
-        )  # fmt: skip
 
 
 @triton.jit
-def _grad_final(
-    cols, col_ok, sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
+def grad_final(
+    sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """The programs' sums added in order: the bias's and the weight's gradients."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
     grad_b = tl.zeros([BLOCK_C], tl.float32)
     grad_w = tl.zeros([BLOCK_C], tl.float32)
     for start in range(0, programs, BLOCK_P):
         p = start + tl.arange(0, BLOCK_P)
         ok = (p < programs)[:, None] & col_ok[None, :]
         idx = p[:, None] * channels + cols[None, :]
-        grad_b += tl.sum(tl.load(sum_dy_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg"), 0)
-        grad_w += tl.sum(
-            tl.load(sum_dy_xhat_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg"), 0
-        )
+        grad_b += tl.sum(tl.load(sum_dy_ptr + idx, mask=ok, other=0.0), axis=0)
+        grad_w += tl.sum(tl.load(sum_dy_xhat_ptr + idx, mask=ok, other=0.0), axis=0)
     tl.store(grad_b_ptr + cols, grad_b, mask=col_ok)
     tl.store(grad_w_ptr + cols, grad_w, mask=col_ok)
 
