@@ -53,8 +53,11 @@ def test_results_without_the_graph_field_keep_their_label(bench_train):
     assert bench_train.arm_label(old, "falconet:graph=whole-step") == "falconet:graph=whole-step"
 
 
-def test_an_arms_inductor_settings_go_to_its_environment_not_its_keys(bench_train):
+def test_an_arms_environment_settings_go_to_its_environment_not_its_keys(bench_train):
     arm = "falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1:batch=8"
     assert bench_train.parse_arm(arm) == ("falconet", {"fuse": "inductor-all", "batch": "8"})
-    assert bench_train.inductor_env(arm) == {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
-    assert bench_train.inductor_env("falconet:graph=eager") == {}
+    assert bench_train.arm_env(arm) == {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
+    assert bench_train.arm_env("falconet:graph=eager") == {}
+    tiled = "falconet:bn_silu=triton:FALCONET_BN_SILU_MAP_WARPS=8"
+    assert bench_train.parse_arm(tiled) == ("falconet", {"bn_silu": "triton"})
+    assert bench_train.arm_env(tiled) == {"FALCONET_BN_SILU_MAP_WARPS": "8"}

@@ -11,12 +11,18 @@ layer, for the output, the input's gradient, the weight's and the bias's, and th
 statistics: the fused op should be no further from float64 than PyTorch's kernels are.
 
     python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
+
+``--sweep`` times the Triton op alone under other tilings (``bn_silu.Tiling``), fp16, at each
+batch, one setting at a time from the default: first the reductions' tile, warps and
+programs per SM, then, from the best of those, the elementwise kernels' tile and warps; each
+row is the same replayed forward and backward of all layers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +31,8 @@ import torch.nn.functional as F
 from bench_batchnorm import EPS, MOMENTUM, bn_shapes, layer_inputs  # tools/ is on the path
 from graph_replay import replay_ms
 
-from falconet_graphs_cuda.bn_silu import _BatchNormSiLU
+from falconet_graphs_cuda import bn_silu
+from falconet_graphs_cuda.bn_silu import Tiling, _BatchNormSiLU
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -77,6 +84,41 @@ def errors(layers) -> dict:
 VARIANTS = {"native": native, "triton": fused}
 
 
+def sweep(shapes, args) -> list[dict]:
+    """The Triton op's replayed time under each tiling (module docstring), fp16."""
+    torch.manual_seed(0)
+    layers = layer_inputs(shapes, torch.float16)
+    work = partial(fwd_bwd, layers, fused)
+    rows: list[dict] = []
+
+    def timed(tiling: Tiling) -> float:
+        bn_silu.TILING = tiling
+        ms = replay_ms(work, args.warmup, args.repeats)
+        rows.append({"tiling": asdict(tiling), "ms": ms})
+        print(json.dumps(rows[-1]), flush=True)
+        return ms
+
+    best, best_ms = Tiling(), timed(Tiling())
+    for elements in (1024, 2048, 4096, 8192):
+        for warps in (4, 8):
+            for per_sm in (1, 2, 4, 8):
+                tiling = Tiling(
+                    reduce_elements=elements, reduce_warps=warps, programs_per_sm=per_sm
+                )
+                if tiling != Tiling() and (ms := timed(tiling)) < best_ms:
+                    best, best_ms = tiling, ms
+    reduce_best = best
+    for elements in (2048, 4096, 8192, 16384):
+        for warps in (4, 8, 16):
+            tiling = Tiling(
+                **(asdict(reduce_best) | {"map_elements": elements, "map_warps": warps})
+            )
+            if tiling != reduce_best and (ms := timed(tiling)) < best_ms:
+                best, best_ms = tiling, ms
+    bn_silu.TILING = Tiling()
+    return [{"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}, *rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="yolo-n")
@@ -85,6 +127,7 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--sweep", action="store_true", help="time other tilings (docstring)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -102,6 +145,10 @@ def main() -> None:
     }
     for batch in map(int, args.batch.split(",")):
         shapes = bn_shapes(args.model, batch, args.imgsz)
+        if args.sweep:
+            report.setdefault("sweep", {})[batch] = sweep(shapes, args)
+            print(json.dumps(report["sweep"][batch][0]), flush=True)
+            continue
         for dtype_name in args.dtypes.split(","):
             torch.manual_seed(0)
             layers = layer_inputs(shapes, DTYPES[dtype_name])

@@ -415,7 +415,7 @@ ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": r
 
 
 # ------------------------------------------------------------------------ orchestration
-INDUCTOR_PREFIX = "TORCHINDUCTOR_"
+ENV_PREFIXES = ("TORCHINDUCTOR_", "FALCONET_BN_SILU_")  # settings read from the environment
 
 
 def _arm_keys(arm: str) -> tuple[str, dict[str, str]]:
@@ -425,16 +425,18 @@ def _arm_keys(arm: str) -> tuple[str, dict[str, str]]:
 
 def parse_arm(arm: str) -> tuple[str, dict[str, str]]:
     """``falconet:graph=cuda-graph:batch=8`` -> ``("falconet", {"graph": "cuda-graph", ...})``.
-    Inductor's settings (:func:`inductor_env`) are not among the keys."""
+    Settings read from the environment (:func:`arm_env`) are not among the keys."""
     name, keys = _arm_keys(arm)
-    return name, {k: v for k, v in keys.items() if not k.startswith(INDUCTOR_PREFIX)}
+    return name, {k: v for k, v in keys.items() if not k.startswith(ENV_PREFIXES)}
 
 
-def inductor_env(arm: str) -> dict[str, str]:
-    """An arm's Inductor settings, set in its process's environment rather than passed as
-    training keys: ``falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1``
-    times one tuning beside the untuned arm in the same call."""
-    return {k: v for k, v in _arm_keys(arm)[1].items() if k.startswith(INDUCTOR_PREFIX)}
+def arm_env(arm: str) -> dict[str, str]:
+    """An arm's settings that are read from the environment (Inductor's, the fused
+    BatchNorm's tiling), set in its process's environment rather than passed as training
+    keys: ``falconet:fuse=inductor-all:TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1`` times one
+    tuning beside the untuned arm in the same call, ``...:bn_silu=triton:
+    FALCONET_BN_SILU_MAP_WARPS=8`` one tiling beside another."""
+    return {k: v for k, v in _arm_keys(arm)[1].items() if k.startswith(ENV_PREFIXES)}
 
 
 def worker(args) -> None:
@@ -486,7 +488,7 @@ def spawn(
         "--overfit-epochs",
         str(args.overfit_epochs),
     ]
-    env = dict(os.environ) | inductor_env(arm)
+    env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     started = time.perf_counter()
@@ -678,8 +680,8 @@ def main() -> None:
     results: list[dict] = []
     settings = vars(args) | {"data": str(args.data), "out": str(args.out)}
     # what changes a compiled arm without showing in its name (levers_runs.sh's inductor_env)
-    # (an arm's own, inductor_env, are in its name)
-    settings["environment"] = {k: v for k, v in os.environ.items() if k.startswith(INDUCTOR_PREFIX)}
+    # (an arm's own, arm_env, are in its name)
+    settings["environment"] = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
 
     def save() -> None:
         if args.out:

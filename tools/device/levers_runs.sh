@@ -15,6 +15,9 @@
 #   bn         tools/bench_batchnorm.py: BatchNorm's kernels, native bf16 vs cuDNN fp16
 #   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
 #              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64
+#              (or bn_silu_args, e.g. "--batch 16 --sweep": the op's time under other tilings)
+#   bn-silu-tiled  after a batch-16 sweep: the fp16 step at batch 16 (fuse=inductor-loss,
+#              bn_silu=triton) with the default tiling and with the sweep's best
 #   step-b16   isolated step (tools/bench_train.py --measures step), bf16, batch 16, arms16
 #   step-b64   the same at batch 64, arms64
 #   step-fp16  the same in fp16 at batch 16, arms_fp16
@@ -77,9 +80,16 @@ job() {  # name, gpu
       CUDA_VISIBLE_DEVICES=$2 timeout 60 python tools/bench_batchnorm.py --batch 16,64 \
         --out "$OUT/bn.json" > /tmp/logs/bn-gpu$2.out 2> /tmp/logs/bn-gpu$2.err ;;
     bn-silu)
+      read -r -a extra <<< "${bn_silu_args:---batch 16,64 --dtypes fp16,bf16}"
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${bn_silu_timeout:-150}" python \
-        bench_bn_silu.py --batch 16,64 --dtypes fp16,bf16 --out "$OUT/bn-silu.json") \
+        bench_bn_silu.py "${extra[@]}" --out "$OUT/bn-silu.json") \
         > /tmp/logs/bn-silu-gpu$2.out 2> /tmp/logs/bn-silu-gpu$2.err ;;
+    bn-silu-tiled)  # after `bn-silu` with bn_silu_args="--batch 16 --sweep": the step at
+      # batch 16 in fp16 with the default tiling and with the sweep's best, side by side
+      best=$(python -c "import json, sys; b = json.load(open(sys.argv[1]))['sweep']['16'][0]['best']
+print(':'.join(f'FALCONET_BN_SILU_{k.upper()}={v}' for k, v in b.items()))" "$OUT/bn-silu.json")
+      arm="$ws:fuse=inductor-loss:bn_silu=triton"
+      step "$1" "$2" fp16 16 "$arm,$arm:$best" "${tiled_timeout:-200}" ;;
     step-b16)
       step "$1" "$2" bf16 16 "${arms16:-$ws,$ws:fuse=inductor,$ws:fuse=inductor-loss,$ws:fuse=inductor-all}" "${b16_timeout:-400}" ;;
     step-b64)

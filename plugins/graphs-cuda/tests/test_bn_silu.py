@@ -219,3 +219,17 @@ def test_fused_op_refused_with_a_compiled_network(fuse):
     would silently be Inductor's BatchNorm, so they are refused, saying what works."""
     with pytest.raises(ValueError, match="fuse=inductor-loss"):
         fused_bn_silu(TrainConfig(bn_silu="triton", fuse=fuse), torch.device("cuda"))
+
+
+def test_tiling_from_the_environment():
+    """Each field of the tiling from ``FALCONET_BN_SILU_<FIELD>``, the rest the defaults; a
+    value that is not a positive whole number is an error naming the variable."""
+    from falconet_graphs_cuda.bn_silu import Tiling, tiling_from_env
+
+    assert tiling_from_env({}) == Tiling()
+    got = tiling_from_env({"FALCONET_BN_SILU_MAP_WARPS": "8", "OTHER": "x"})
+    assert got == Tiling(map_warps=8)
+    with pytest.raises(ValueError, match="FALCONET_BN_SILU_REDUCE_ELEMENTS='many'"):
+        tiling_from_env({"FALCONET_BN_SILU_REDUCE_ELEMENTS": "many"})
+    with pytest.raises(ValueError, match="at least 1"):
+        tiling_from_env({"FALCONET_BN_SILU_PROGRAMS_PER_SM": "0"})

@@ -18,6 +18,10 @@ uses its running statistics, never comes here.
 from __future__ import annotations
 
 import functools
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -25,8 +29,38 @@ from torch.overrides import TorchFunctionMode
 
 from falconet import ops
 
-ELEMENTS = 4096  # elements of one program's tile; 4 warps hold it in registers
-PROGRAMS_PER_SM = 4  # the reductions' row programs, per SM and channel block
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the kernels cut an activation: the elementwise kernels' tile (elements) and warps,
+    the reductions' tile and warps, and how many row programs a reduction aims at per SM
+    (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices."""
+
+    map_elements: int = 4096
+    map_warps: int = 4
+    reduce_elements: int = 4096
+    reduce_warps: int = 4
+    programs_per_sm: int = 4
+
+
+def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
+    """The default tiling, any field set by ``FALCONET_BN_SILU_<FIELD>`` (for example
+    ``FALCONET_BN_SILU_MAP_WARPS=8``): how ``tools/bench_train.py`` times another tiling in
+    the whole step beside the default, and how to try one on another GPU."""
+    values = {}
+    for f in fields(Tiling):
+        name = f"FALCONET_BN_SILU_{f.name.upper()}"
+        if name in environ:
+            try:
+                values[f.name] = int(environ[name])
+            except ValueError:
+                raise ValueError(f"{name}={environ[name]!r}: give a whole number") from None
+            if values[f.name] < 1:
+                raise ValueError(f"{name}={environ[name]}: give a whole number of at least 1")
+    return Tiling(**values)
+
+
+TILING = tiling_from_env()
 
 
 class FusedBatchNormSiLU(TorchFunctionMode):
@@ -67,31 +101,50 @@ class FusedBatchNormSiLU(TorchFunctionMode):
 
 # --------------------------------------------------------------------------- launch plan
 @functools.cache
-def _programs(device: torch.device) -> int:
-    """Row programs a reduction aims at: a few per SM, so every SM has work."""
+def _sms(device: torch.device) -> int:
     if device.type != "cuda":
-        return 8
-    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        return 2  # Triton's interpreter on the CPU (the tests)
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _plan(x: torch.Tensor) -> tuple[int, int, int, int, int]:
-    """Rows, channels, channel block, row block, and the rows each reduction program takes
-    (a whole number of row blocks)."""
+@dataclass(frozen=True)
+class _Plan:
+    """One activation's cut under :data:`TILING`: ``[rows, channels]`` in channel blocks of
+    ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
+    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs."""
+
+    rows: int
+    channels: int
+    block_c: int
+    map_r: int
+    reduce_r: int
+    per_program: int
+
+    @property
+    def channel_blocks(self) -> int:
+        return -(-self.channels // self.block_c)
+
+    @property
+    def programs(self) -> int:
+        return -(-self.rows // self.per_program)
+
+    @property
+    def reduce_grid(self) -> tuple[int, int]:
+        return self.programs, self.channel_blocks
+
+    @property
+    def map_grid(self) -> tuple[int, int]:
+        return -(-self.rows // self.map_r), self.channel_blocks
+
+
+def _plan(x: torch.Tensor) -> _Plan:
     channels = x.shape[1]
     rows = x.numel() // channels
     block_c = min(64, max(16, 1 << (channels - 1).bit_length()))
-    block_r = ELEMENTS // block_c
-    channel_blocks = -(-channels // block_c)
-    target = max(1, _programs(x.device) // channel_blocks)
-    per_program = -(-rows // target)
-    per_program = block_r * -(-per_program // block_r)
-    return rows, channels, block_c, block_r, per_program
-
-
-def _grids(rows: int, channels: int, block_c: int, block_r: int, per_program: int):
-    channel_blocks = -(-channels // block_c)
-    programs = -(-rows // per_program)
-    return programs, (programs, channel_blocks), (-(-rows // block_r), channel_blocks)
+    reduce_r = TILING.reduce_elements // block_c
+    target = max(1, TILING.programs_per_sm * _sms(x.device) // -(-channels // block_c))
+    per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
+    return _Plan(rows, channels, block_c, TILING.map_elements // block_c, reduce_r, per_program)
 
 
 # --------------------------------------------------------------------------- the ops
@@ -109,24 +162,25 @@ def bn_silu(
     the output, the batch's mean and its 1/std (what the backward reads)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    rows, channels, block_c, block_r, per_program = _plan(x)
-    programs, reduce_grid, map_grid = _grids(rows, channels, block_c, block_r, per_program)
-    partial_mean = x.new_empty((programs, channels), dtype=torch.float32)
+    p, tiling = _plan(x), TILING
+    partial_mean = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_m2 = torch.empty_like(partial_mean)
-    mean = x.new_empty(channels, dtype=torch.float32)
+    mean = x.new_empty(p.channels, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     z = torch.empty_like(x, memory_format=torch.channels_last)
-    k.stats_partial[reduce_grid](
-        x, partial_mean, partial_m2, rows, channels, per_program, BLOCK_R=block_r, BLOCK_C=block_c
-    )
-    k.stats_final[(reduce_grid[1],)](
-        partial_mean, partial_m2, mean, rstd, running_mean, running_var,
-        rows, channels, per_program, programs, momentum, eps,
-        BLOCK_P=block_r, BLOCK_C=block_c,
+    k.stats_partial[p.reduce_grid](
+        x, partial_mean, partial_m2, p.rows, p.channels, p.per_program,
+        BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
     )  # fmt: skip
-    k.normalise_silu[map_grid](
-        x, z, mean, rstd, weight, bias, rows, channels, BLOCK_R=block_r, BLOCK_C=block_c
-    )
+    k.stats_final[(p.channel_blocks,)](
+        partial_mean, partial_m2, mean, rstd, running_mean, running_var,
+        p.rows, p.channels, p.per_program, p.programs, momentum, eps,
+        BLOCK_P=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
+    )  # fmt: skip
+    k.normalise_silu[p.map_grid](
+        x, z, mean, rstd, weight, bias, p.rows, p.channels,
+        BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+    )  # fmt: skip
     return z, mean, rstd
 
 
@@ -149,24 +203,24 @@ def bn_silu_backward(
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-    rows, channels, block_c, block_r, per_program = _plan(x)
-    programs, reduce_grid, map_grid = _grids(rows, channels, block_c, block_r, per_program)
-    partial_dy = x.new_empty((programs, channels), dtype=torch.float32)
+    p, tiling = _plan(x), TILING
+    partial_dy = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
     grad_bias = torch.empty_like(bias)
     grad_weight = torch.empty_like(weight)
     grad_x = torch.empty_like(x, memory_format=torch.channels_last)
-    k.grad_partial[reduce_grid](
+    k.grad_partial[p.reduce_grid](
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-        rows, channels, per_program, BLOCK_R=block_r, BLOCK_C=block_c,
+        p.rows, p.channels, p.per_program,
+        BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
     )  # fmt: skip
-    k.grad_final[(reduce_grid[1],)](
-        partial_dy, partial_dy_xhat, grad_bias, grad_weight, channels, programs,
-        BLOCK_P=block_r, BLOCK_C=block_c,
+    k.grad_final[(p.channel_blocks,)](
+        partial_dy, partial_dy_xhat, grad_bias, grad_weight, p.channels, p.programs,
+        BLOCK_P=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
     )  # fmt: skip
-    k.grad_input[map_grid](
-        grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, rows, channels,
-        BLOCK_R=block_r, BLOCK_C=block_c,
+    k.grad_input[p.map_grid](
+        grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, p.rows,
+        p.channels, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
     )  # fmt: skip
     return grad_x, grad_weight, grad_bias
 
