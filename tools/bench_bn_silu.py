@@ -13,9 +13,10 @@ statistics: the fused op should be no further from float64 than PyTorch's kernel
     python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
 
 ``--sweep`` times the Triton op alone under other tilings (``bn_silu.Tiling``), fp16, at each
-batch, one setting at a time from the default: first the reductions' tile, warps and
-programs per SM, then, from the best of those, the elementwise kernels' tile and warps; each
-row is the same replayed forward and backward of all layers.
+batch, from the default: first the reductions' tile, warps and programs per SM
+(``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
+elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
+same replayed forward and backward of all layers.
 """
 
 from __future__ import annotations
@@ -99,17 +100,22 @@ def sweep(shapes, args) -> list[dict]:
         return ms
 
     best, best_ms = Tiling(), timed(Tiling())
-    for elements in (1024, 2048, 4096, 8192):
-        for warps in (4, 8):
-            for per_sm in (1, 2, 4, 8):
+    for elements in args.reduce_elements:
+        for warps in args.reduce_warps:
+            for per_sm in args.per_sm:
                 tiling = Tiling(
-                    reduce_elements=elements, reduce_warps=warps, programs_per_sm=per_sm
+                    **asdict(Tiling())
+                    | {
+                        "reduce_elements": elements,
+                        "reduce_warps": warps,
+                        "programs_per_sm": per_sm,
+                    }
                 )
                 if tiling != Tiling() and (ms := timed(tiling)) < best_ms:
                     best, best_ms = tiling, ms
     reduce_best = best
-    for elements in (2048, 4096, 8192, 16384):
-        for warps in (4, 8, 16):
+    for elements in args.map_elements:
+        for warps in args.map_warps:
             tiling = Tiling(
                 **(asdict(reduce_best) | {"map_elements": elements, "map_warps": warps})
             )
@@ -128,6 +134,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--sweep", action="store_true", help="time other tilings (docstring)")
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    parser.add_argument("--reduce-elements", type=ints, default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--reduce-warps", type=ints, default=[4, 8])
+    parser.add_argument("--per-sm", type=ints, default=[2, 4, 8])
+    parser.add_argument("--map-elements", type=ints, default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--map-warps", type=ints, default=[2, 4, 8])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -9,6 +9,11 @@ import pytest
 from falconet_profiler.kernel_names import function_name, label
 
 CASES = [  # (what it does, the kernel's name)
+    # falconet-graphs-cuda's Triton kernels (bn_silu=triton) go by their function names
+    ("BatchNorm+SiLU reduction (Triton)", "bn_silu_stats"),
+    ("BatchNorm+SiLU reduction (Triton)", "bn_silu_grad_merge"),
+    ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_normalise"),
+    ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_input_grad"),
     (
         "BatchNorm backward (fp16)",
         "void cudnn::batchnorm_bwtr_nhwc_semiPersist<__half, float, __half, 512, 16, 3, 4, 1,"

@@ -14,8 +14,9 @@ combined with the parallel form of Welford's algorithm (count, mean and squared 
 per block, then merged), not from a sum of squares, which loses the variance of a channel
 whose mean is large against its spread.
 
-These are not cuDNN's reductions, so the results agree with PyTorch's to rounding, not bit
-for bit; ``tools/bench_bn_silu.py`` measures both on the GPU.
+The kernels' names start with ``bn_silu_``, which the profiler labels (``falconet profile
+kernels --by-what``). These are not cuDNN's reductions, so the results agree with PyTorch's
+to rounding, not bit for bit; ``tools/bench_bn_silu.py`` measures both on the GPU.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 
 @triton.jit
-def stats_partial(
+def bn_silu_stats(
     x_ptr, mean_ptr, m2_ptr, rows, channels, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
@@ -65,7 +66,7 @@ def stats_partial(
 
 
 @triton.jit
-def stats_final(
+def bn_silu_stats_merge(
     mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
     rows, channels, rows_per_program, programs, momentum, eps,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -104,7 +105,7 @@ def stats_final(
 
 
 @triton.jit
-def normalise_silu(
+def bn_silu_normalise(
     x_ptr, z_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, rows, channels,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
@@ -132,7 +133,7 @@ def _silu_grad(x, dz, mean, rstd, w, b):
 
 
 @triton.jit
-def grad_partial(
+def bn_silu_grad_sums(
     dz_ptr, x_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
     rows, channels, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -165,7 +166,7 @@ def grad_partial(
 
 
 @triton.jit
-def grad_final(
+def bn_silu_grad_merge(
     sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
@@ -185,7 +186,7 @@ def grad_final(
 
 
 @triton.jit
-def grad_input(
+def bn_silu_input_grad(
     dz_ptr, x_ptr, dx_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, grad_b_ptr, grad_w_ptr,
     rows, channels,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -314,6 +314,7 @@ class Profiler:
             device=trainer.device.type,
             graph=trainer.graph,
             fuse=cfg.fuse,
+            bn_silu=cfg.bn_silu,
             precision=trainer.precision.name,
             batch=cfg.batch,
             workers=cfg.workers,

@@ -39,16 +39,16 @@ THRESHOLDS: dict[str, float] = {
 ``alloc_retries``, ``cuda_malloc_per_step`` or ``peak_reserved_fraction``; host-launch below
 ``gpu_busy``; ``short_kernel_us`` and ``tensor_core_share`` only shape the evidence and levers."""
 
-FUSE_ACCURACY = {
-    True: "in fp16 it kept the mAP on the overfit check of docs/performance.md (five seeds: "
-    "0.486 against 0.483 mean mAP50-95) and took yolo-n's step at batch 16 on an H200 from "
-    "10.7 to 9.2 ms",
-    False: "in bf16 it trained to about 0.026 lower mAP50-95 on the overfit check of "
-    "docs/performance.md (three seeds; in fp16 it kept the mAP), so check accuracy before "
-    "keeping it",
-}
-"""What ``fuse=inductor-all`` did to accuracy, by whether the run is in fp16 (the lever's
-reason quotes it; the numbers are docs/performance.md's)."""
+FUSED_STEP = (
+    "with fuse=inductor-loss and bn_silu=triton the fp16 whole step of yolo-n at batch 16 on an "
+    "H200 took 8.4-8.5 ms against 10.2 exact, and kept the mAP on the overfit check of "
+    "docs/performance.md (four seeds: 0.484 against 0.487 mean mAP50-95); not bit for bit"
+)
+"""What the fastest step that kept the mAP did (the fused levers' reason quotes it; the
+numbers are docs/performance.md's). ``fuse=inductor-all``, which compiles the network too,
+is not suggested: slower (9.2 ms), and in bf16 about 0.026 lower mAP50-95."""
+
+BF16_UNCHECKED = "; in bf16 (this run) its accuracy was not checked"
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Context:
     device: str = "cuda"
     graph: str = "eager"
     fuse: str = "none"
+    bn_silu: str = "native"
     precision: str = "bf16"
     batch: int = 16
     workers: int = 8
@@ -160,6 +161,30 @@ def _lever(key: str, value: Any, why: str, needs: str | None = None) -> dict[str
     return lever
 
 
+def _fused_step_levers(c: Context) -> list[dict[str, Any]]:
+    """``bn_silu=triton`` (BatchNorm and SiLU as one Triton op) and ``fuse=inductor-loss``
+    (the loss compiled), the two parts of the fastest step that kept the mAP; neither where a
+    compiled network (``fuse=inductor``, ``inductor-all``) already runs Inductor's BatchNorm,
+    with which ``bn_silu=triton`` does not combine."""
+    if c.fuse in ("inductor", "inductor-all"):
+        return []
+    caveat = "" if c.precision == "fp16" else BF16_UNCHECKED
+    out = []
+    if c.bn_silu != "triton":
+        why = (
+            "BatchNorm and SiLU as one op on Triton kernels, fewer bytes moved (the fp16 step "
+            "10.2 to 9.8 ms, bf16 11.5 to 9.8); " + FUSED_STEP + caveat
+        )
+        out.append(_lever("bn_silu", "triton", why))
+    if c.fuse == "none":
+        why = (
+            "compile the loss and its assigner with Inductor inside the captured step: fewer, "
+            "fused kernels, a compilation per target bucket at the start; " + FUSED_STEP + caveat
+        )
+        out.append(_lever("fuse", "inductor-loss", why))
+    return out
+
+
 def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str, Any]]:
     """The training keys that address verdict ``name``, as ``{key, value, set, why[, needs]}``;
     a key already at the suggested value is left out."""
@@ -229,13 +254,8 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     "gradient scaler, which graph=whole-step carries with SGD only"
                 )
                 out.append(_lever("amp_dtype", "fp16", why))
-            if c.graph == "whole-step" and c.fuse == "none":
-                why = (
-                    "compile the network and the loss with Inductor inside the captured step: "
-                    "fewer, fused kernels, a compilation per target bucket at the start; not "
-                    f"bit for bit; {FUSE_ACCURACY[c.precision == 'fp16']}"
-                )
-                out.append(_lever("fuse", "inductor-all", why))
+            if c.graph == "whole-step" and c.device == "cuda":
+                out += _fused_step_levers(c)
             if "fp8" in c.precisions and c.precision != "fp8":
                 out.append(_lever("amp_dtype", "fp8", "FP8 Tensor Cores (Hopper and later)"))
     elif name == "memory-pressure":
