@@ -223,7 +223,8 @@ def test_fused_op_refused_with_a_compiled_network(fuse):
 
 def test_tiling_from_the_environment():
     """Each field of the tiling from ``FALCONET_BN_SILU_<FIELD>``, the rest the defaults; a
-    value that is not a positive whole number is an error naming the variable."""
+    value that is not a positive whole number, or a tile or warp count that is not a power
+    of two (a tile of at least 64 elements), is an error naming the variable."""
     from falconet_graphs_cuda.bn_silu import Tiling, tiling_from_env
 
     assert tiling_from_env({}) == Tiling()
@@ -233,3 +234,10 @@ def test_tiling_from_the_environment():
         tiling_from_env({"FALCONET_BN_SILU_REDUCE_ELEMENTS": "many"})
     with pytest.raises(ValueError, match="at least 1"):
         tiling_from_env({"FALCONET_BN_SILU_PROGRAMS_PER_SM": "0"})
+    assert tiling_from_env({"FALCONET_BN_SILU_PROGRAMS_PER_SM": "3"}).programs_per_sm == 3
+    with pytest.raises(ValueError, match="power of two of at least 64"):
+        tiling_from_env({"FALCONET_BN_SILU_MAP_ELEMENTS": "3000"})
+    with pytest.raises(ValueError, match="power of two of at least 64"):
+        tiling_from_env({"FALCONET_BN_SILU_REDUCE_ELEMENTS": "32"})
+    with pytest.raises(ValueError, match="power of two of at least 1"):
+        tiling_from_env({"FALCONET_BN_SILU_MAP_WARPS": "6"})

@@ -59,6 +59,15 @@ def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
                 raise ValueError(f"{name}={environ[name]!r}: give a whole number") from None
             if values[f.name] < 1:
                 raise ValueError(f"{name}={environ[name]}: give a whole number of at least 1")
+            # Triton's tiles and warps come in powers of two; a tile spans 64 channels at most
+            least = 64 if f.name.endswith("elements") else 1
+            power = f.name != "programs_per_sm"
+            value = values[f.name]
+            if power and (value < least or value & (value - 1)):
+                raise ValueError(
+                    f"{name}={value}: give a power of two of at least {least} (Triton's "
+                    "tiles and warps come in powers of two)"
+                )
     return Tiling(**values)
 
 
