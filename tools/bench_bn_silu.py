@@ -16,13 +16,17 @@ statistics: the fused op should be no further from float64 than PyTorch's kernel
 batch, from the default: first the reductions' tile, warps and programs per SM
 (``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
 elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
-same replayed forward and backward of all layers.
+same replayed forward and backward of all layers. Last, from the best of those, the merges
+inside the elementwise kernels (``Tiling.merge_rows``) for the layers of at most each of the
+network's distinct row counts (N x H x W, smallest first; ``--no-merge`` skips this stage):
+where the six kernels of a small layer cost more in launches than in work.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -121,6 +125,12 @@ def sweep(shapes, args) -> list[dict]:
             )
             if tiling != reduce_best and (ms := timed(tiling)) < best_ms:
                 best, best_ms = tiling, ms
+    if args.merge:
+        map_best = best
+        for count in sorted({math.prod(shape) // shape[1] for shape in shapes}):
+            tiling = Tiling(**(asdict(map_best) | {"merge_rows": count}))
+            if (ms := timed(tiling)) < best_ms:
+                best, best_ms = tiling, ms
     bn_silu.TILING = Tiling()
     return [{"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}, *rows]
 
@@ -140,6 +150,9 @@ def main() -> None:
     parser.add_argument("--per-sm", type=ints, default=[2, 4, 8])
     parser.add_argument("--map-elements", type=ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--map-warps", type=ints, default=[2, 4, 8])
+    parser.add_argument(
+        "--no-merge", dest="merge", action="store_false", help="skip the sweep's merge stage"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():

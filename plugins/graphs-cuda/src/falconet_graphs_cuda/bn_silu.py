@@ -34,7 +34,12 @@ from falconet import ops
 class Tiling:
     """How the kernels cut an activation: the elementwise kernels' tile (elements) and warps,
     the reductions' tile and warps, and how many row programs a reduction aims at per SM
-    (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices."""
+    (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices.
+
+    ``merge_rows``: an activation of at most this many rows (N x H x W) merges the
+    reductions' partial results inside the elementwise kernels (``bn_silu_*_merging``), four
+    kernels a layer instead of six, where a launch costs more than the merge's work; 0 (the
+    default until the GPU has measured it) merges in kernels of their own throughout."""
 
     # the best of tools/bench_bn_silu.py --sweep for yolo-n at batch 16 on an H200 (2.45 ms
     # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout)
@@ -43,6 +48,18 @@ class Tiling:
     reduce_elements: int = 8192
     reduce_warps: int = 4
     programs_per_sm: int = 4
+    merge_rows: int = 0
+
+
+# each field's least value, and whether Triton needs it a power of two (its tiles and warps)
+_FIELD_RULES = {
+    "map_elements": (64, True),  # a tile spans 64 channels at most
+    "reduce_elements": (64, True),
+    "map_warps": (1, True),
+    "reduce_warps": (1, True),
+    "programs_per_sm": (1, False),
+    "merge_rows": (0, False),
+}
 
 
 def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
@@ -52,22 +69,21 @@ def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
     values = {}
     for f in fields(Tiling):
         name = f"FALCONET_BN_SILU_{f.name.upper()}"
-        if name in environ:
-            try:
-                values[f.name] = int(environ[name])
-            except ValueError:
-                raise ValueError(f"{name}={environ[name]!r}: give a whole number") from None
-            if values[f.name] < 1:
-                raise ValueError(f"{name}={environ[name]}: give a whole number of at least 1")
-            # Triton's tiles and warps come in powers of two; a tile spans 64 channels at most
-            least = 64 if f.name.endswith("elements") else 1
-            power = f.name != "programs_per_sm"
-            value = values[f.name]
-            if power and (value < least or value & (value - 1)):
-                raise ValueError(
-                    f"{name}={value}: give a power of two of at least {least} (Triton's "
-                    "tiles and warps come in powers of two)"
-                )
+        if name not in environ:
+            continue
+        least, power = _FIELD_RULES[f.name]
+        try:
+            value = int(environ[name])
+        except ValueError:
+            raise ValueError(f"{name}={environ[name]!r}: give a whole number") from None
+        if power and (value < least or value & (value - 1)):
+            raise ValueError(
+                f"{name}={value}: give a power of two of at least {least} (Triton's tiles "
+                "and warps come in powers of two)"
+            )
+        if value < least:
+            raise ValueError(f"{name}={value}: give a whole number of at least {least}")
+        values[f.name] = value
     return Tiling(**values)
 
 
@@ -120,9 +136,11 @@ def _sms(device: torch.device) -> int:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One activation's cut under :data:`TILING`: ``[rows, channels]`` in channel blocks of
+    """One activation's cut under a :class:`Tiling`: ``[rows, channels]`` in channel blocks of
     ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
-    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs."""
+    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs,
+    aiming at ``target`` row programs per channel block; ``merging``: the merges inside the
+    elementwise kernels (:attr:`Tiling.merge_rows`)."""
 
     rows: int
     channels: int
@@ -130,6 +148,8 @@ class _Plan:
     map_r: int
     reduce_r: int
     per_program: int
+    target: int
+    merging: bool
 
     @property
     def channel_blocks(self) -> int:
@@ -145,17 +165,22 @@ class _Plan:
 
     @property
     def map_grid(self) -> tuple[int, int]:
-        return -(-self.rows // self.map_r), self.channel_blocks
+        """One program a row tile; merging, at most ``target`` row programs, each looping
+        over its tiles, since each program merges the partial results again."""
+        tiles = -(-self.rows // self.map_r)
+        return (min(tiles, self.target) if self.merging else tiles), self.channel_blocks
 
 
-def _plan(x: torch.Tensor) -> _Plan:
+def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     channels = x.shape[1]
     rows = x.numel() // channels
     block_c = min(64, max(16, 1 << (channels - 1).bit_length()))
-    reduce_r = TILING.reduce_elements // block_c
-    target = max(1, TILING.programs_per_sm * _sms(x.device) // -(-channels // block_c))
+    reduce_r = tiling.reduce_elements // block_c
+    target = max(1, tiling.programs_per_sm * _sms(x.device) // -(-channels // block_c))
     per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
-    return _Plan(rows, channels, block_c, TILING.map_elements // block_c, reduce_r, per_program)
+    map_r = tiling.map_elements // block_c
+    merging = rows <= tiling.merge_rows
+    return _Plan(rows, channels, block_c, map_r, reduce_r, per_program, target, merging)
 
 
 # --------------------------------------------------------------------------- the ops
@@ -173,7 +198,8 @@ def bn_silu(
     the output, the batch's mean and its 1/std (what the backward reads)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    p, tiling = _plan(x), TILING
+    tiling = TILING
+    p = _plan(x, tiling)
     partial_mean = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_m2 = torch.empty_like(partial_mean)
     mean = x.new_empty(p.channels, dtype=torch.float32)
@@ -183,6 +209,13 @@ def bn_silu(
         x, partial_mean, partial_m2, p.rows, p.channels, p.per_program,
         BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
     )  # fmt: skip
+    if p.merging:
+        k.bn_silu_normalise_merging[p.map_grid](
+            x, z, partial_mean, partial_m2, mean, rstd, weight, bias, running_mean,
+            running_var, p.rows, p.channels, p.per_program, p.programs, momentum, eps,
+            BLOCK_P=p.reduce_r, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+        )  # fmt: skip
+        return z, mean, rstd
     k.bn_silu_stats_merge[(p.channel_blocks,)](
         partial_mean, partial_m2, mean, rstd, running_mean, running_var,
         p.rows, p.channels, p.per_program, p.programs, momentum, eps,
@@ -214,7 +247,8 @@ def bn_silu_backward(
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-    p, tiling = _plan(x), TILING
+    tiling = TILING
+    p = _plan(x, tiling)
     partial_dy = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
     grad_bias = torch.empty_like(bias)
@@ -225,6 +259,13 @@ def bn_silu_backward(
         p.rows, p.channels, p.per_program,
         BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
     )  # fmt: skip
+    if p.merging:
+        k.bn_silu_input_grad_merging[p.map_grid](
+            grad_z, x, grad_x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
+            grad_bias, grad_weight, p.rows, p.channels, p.programs,
+            BLOCK_P=p.reduce_r, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+        )  # fmt: skip
+        return grad_x, grad_weight, grad_bias
     k.bn_silu_grad_merge[(p.channel_blocks,)](
         partial_dy, partial_dy_xhat, grad_bias, grad_weight, p.channels, p.programs,
         BLOCK_P=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,

@@ -8,6 +8,12 @@ twice and writes the input gradient once, recomputing the normalised value and t
 derivative instead of keeping them: 8 passes over the activation a layer, where PyTorch's
 pair moves about 13, and the SiLU's gradient stays in float32 on its way into BatchNorm's.
 
+A small activation can merge the reductions' partial results inside the elementwise kernels
+(``bn_silu_normalise_merging``, ``bn_silu_input_grad_merging``): four kernels instead of six,
+each elementwise program merging again what one merge program would (the same arithmetic in
+the same order, so the same bits); where that pays is the tiling's ``merge_rows``
+(:class:`falconet_graphs_cuda.bn_silu.Tiling`).
+
 Every reduction is in float32 and in a fixed order (row blocks of a fixed size, then their
 partial results in order), so the kernels give the same bits run to run. The statistics are
 combined with the parallel form of Welford's algorithm (count, mean and squared deviations
@@ -66,15 +72,11 @@ def bn_silu_stats(
 
 
 @triton.jit
-def bn_silu_stats_merge(
-    mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
-    rows, channels, rows_per_program, programs, momentum, eps,
+def _merged_stats(
+    mean_ptr, m2_ptr, cols, col_ok, rows, channels, rows_per_program, programs, eps,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Merge the programs' summaries in order; the batch's mean and 1/std, and the running
-    statistics moved towards them (the unbiased variance, as PyTorch keeps)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
+    """The programs' summaries merged in order: count, mean, squared deviations and 1/std."""
     n_a = tl.zeros([BLOCK_C], tl.float32)
     mean_a = tl.zeros([BLOCK_C], tl.float32)
     m2_a = tl.zeros([BLOCK_C], tl.float32)
@@ -92,16 +94,56 @@ def bn_silu_stats_merge(
         d = tl.where(ok, means - mean_b[None, :], 0.0)
         m2_b = tl.sum(m2s + counts[:, None] * d * d, axis=0)
         n_a, mean_a, m2_a = _merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b)
-    var = m2_a / n_a
-    tl.store(batch_mean_ptr + cols, mean_a, mask=col_ok)
-    tl.store(batch_rstd_ptr + cols, 1.0 / tl.sqrt(var + eps), mask=col_ok)
+    return n_a, mean_a, m2_a, 1.0 / tl.sqrt(m2_a / n_a + eps)
+
+
+@triton.jit
+def _store_stats(
+    n, mean, m2, rstd, cols, col_ok, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
+    running_var_ptr, momentum,
+):  # fmt: skip
+    """The batch's mean and 1/std for the backward; the running statistics moved towards
+    the batch's (the unbiased variance, as PyTorch keeps)."""
+    tl.store(batch_mean_ptr + cols, mean, mask=col_ok)
+    tl.store(batch_rstd_ptr + cols, rstd, mask=col_ok)
     running_mean = tl.load(running_mean_ptr + cols, mask=col_ok)
     running_var = tl.load(running_var_ptr + cols, mask=col_ok)
-    unbiased = m2_a / tl.maximum(n_a - 1.0, 1.0)
-    running_mean += momentum * (mean_a - running_mean)
+    unbiased = m2 / tl.maximum(n - 1.0, 1.0)
+    running_mean += momentum * (mean - running_mean)
     running_var += momentum * (unbiased - running_var)
     tl.store(running_mean_ptr + cols, running_mean, mask=col_ok)
     tl.store(running_var_ptr + cols, running_var, mask=col_ok)
+
+
+@triton.jit
+def bn_silu_stats_merge(
+    mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
+    rows, channels, rows_per_program, programs, momentum, eps,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Merge the programs' summaries in order; store the batch's statistics and move the
+    running ones (:func:`_store_stats`)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    n, mean, m2, rstd = _merged_stats(
+        mean_ptr, m2_ptr, cols, col_ok, rows, channels, rows_per_program, programs, eps,
+        BLOCK_P, BLOCK_C,
+    )  # fmt: skip
+    _store_stats(
+        n, mean, m2, rstd, cols, col_ok, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
+        running_var_ptr, momentum,
+    )  # fmt: skip
+
+
+@triton.jit
+def _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels):
+    """One row tile of ``z = silu(x x scale + shift)``, stored in the output's dtype."""
+    ok = (r < rows)[:, None] & col_ok[None, :]
+    offsets = r[:, None] * channels + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    y = x * scale[None, :] + shift[None, :]
+    z = y * tl.sigmoid(y)
+    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -113,14 +155,41 @@ def bn_silu_normalise(
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
-    ok = (r < rows)[:, None] & col_ok[None, :]
-    offsets = r[:, None] * channels + cols[None, :]
-    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
     scale = tl.load(rstd_ptr + cols, mask=col_ok) * tl.load(w_ptr + cols, mask=col_ok)
     shift = tl.load(b_ptr + cols, mask=col_ok) - tl.load(mean_ptr + cols, mask=col_ok) * scale
-    y = x * scale[None, :] + shift[None, :]
-    z = y * tl.sigmoid(y)
-    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
+    _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels)
+
+
+@triton.jit
+def bn_silu_normalise_merging(
+    x_ptr, z_ptr, partial_mean_ptr, partial_m2_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr,
+    running_mean_ptr, running_var_ptr, rows, channels, rows_per_program, programs,
+    momentum, eps,
+    BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """:func:`bn_silu_stats_merge` and :func:`bn_silu_normalise` in one kernel, for a small
+    activation, where a launch costs more than the work: every program merges the partial
+    statistics of its channels itself (the same merge in the same order, so the same bits),
+    the first row program stores them and moves the running ones, and each program then
+    normalises every ``tl.num_programs(0)``-th row tile from its own."""
+    pid_r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    n, mean, m2, rstd = _merged_stats(
+        partial_mean_ptr, partial_m2_ptr, cols, col_ok, rows, channels, rows_per_program,
+        programs, eps, BLOCK_P, BLOCK_C,
+    )  # fmt: skip
+    if pid_r == 0:
+        _store_stats(
+            n, mean, m2, rstd, cols, col_ok, mean_ptr, rstd_ptr, running_mean_ptr,
+            running_var_ptr, momentum,
+        )  # fmt: skip
+    # the same expressions as bn_silu_normalise's, from the same float32 values
+    scale = rstd * tl.load(w_ptr + cols, mask=col_ok)
+    shift = tl.load(b_ptr + cols, mask=col_ok) - mean * scale
+    for tile in range(pid_r, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels)
 
 
 @triton.jit
@@ -166,13 +235,9 @@ def bn_silu_grad_sums(
 
 
 @triton.jit
-def bn_silu_grad_merge(
-    sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
+def _summed_grads(sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs,
+                  BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     """The programs' sums added in order: the bias's and the weight's gradients."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
     grad_b = tl.zeros([BLOCK_C], tl.float32)
     grad_w = tl.zeros([BLOCK_C], tl.float32)
     for start in range(0, programs, BLOCK_P):
@@ -181,8 +246,39 @@ def bn_silu_grad_merge(
         idx = p[:, None] * channels + cols[None, :]
         grad_b += tl.sum(tl.load(sum_dy_ptr + idx, mask=ok, other=0.0), axis=0)
         grad_w += tl.sum(tl.load(sum_dy_xhat_ptr + idx, mask=ok, other=0.0), axis=0)
+    return grad_b, grad_w
+
+
+@triton.jit
+def bn_silu_grad_merge(
+    sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """The programs' sums added in order: the bias's and the weight's gradients."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    grad_b, grad_w = _summed_grads(
+        sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs, BLOCK_P, BLOCK_C
+    )
     tl.store(grad_b_ptr + cols, grad_b, mask=col_ok)
     tl.store(grad_w_ptr + cols, grad_w, mask=col_ok)
+
+
+@triton.jit
+def _input_grad_tile(
+    dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows, channels,
+):  # fmt: skip
+    """One row tile of ``dx = w x rstd x (dy - mean(dy) - x_hat x mean(dy x x_hat))``."""
+    ok = (r < rows)[:, None] & col_ok[None, :]
+    offsets = r[:, None] * channels + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
+    inv_rows = 1.0 / rows
+    mean_dy = grad_b * inv_rows
+    mean_dy_xhat = grad_w * inv_rows
+    dx = (w * rstd)[None, :] * (dy - mean_dy[None, :] - x_hat * mean_dy_xhat[None, :])
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -195,17 +291,45 @@ def bn_silu_input_grad(
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
-    ok = (r < rows)[:, None] & col_ok[None, :]
-    offsets = r[:, None] * channels + cols[None, :]
     mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
     rstd = tl.load(rstd_ptr + cols, mask=col_ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
-    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
-    inv_rows = 1.0 / rows
-    mean_dy = tl.load(grad_b_ptr + cols, mask=col_ok, other=0.0) * inv_rows
-    mean_dy_xhat = tl.load(grad_w_ptr + cols, mask=col_ok, other=0.0) * inv_rows
-    dx = (w * rstd)[None, :] * (dy - mean_dy[None, :] - x_hat * mean_dy_xhat[None, :])
-    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+    grad_b = tl.load(grad_b_ptr + cols, mask=col_ok, other=0.0)
+    grad_w = tl.load(grad_w_ptr + cols, mask=col_ok, other=0.0)
+    _input_grad_tile(
+        dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
+        channels,
+    )  # fmt: skip
+
+
+@triton.jit
+def bn_silu_input_grad_merging(
+    dz_ptr, x_ptr, dx_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
+    grad_b_ptr, grad_w_ptr, rows, channels, programs,
+    BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """:func:`bn_silu_grad_merge` and :func:`bn_silu_input_grad` in one kernel, as
+    :func:`bn_silu_normalise_merging` is the forward's: every program adds its channels'
+    partial sums itself (in the same order), the first row program stores the weight's and
+    the bias's gradients, and each program computes every ``tl.num_programs(0)``-th row tile
+    of the input's gradient."""
+    pid_r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
+    grad_b, grad_w = _summed_grads(
+        sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs, BLOCK_P, BLOCK_C
+    )
+    if pid_r == 0:
+        tl.store(grad_b_ptr + cols, grad_b, mask=col_ok)
+        tl.store(grad_w_ptr + cols, grad_w, mask=col_ok)
+    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
+    rstd = tl.load(rstd_ptr + cols, mask=col_ok, other=0.0)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
+    for tile in range(pid_r, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
+        _input_grad_tile(
+            dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
+            channels,
+        )  # fmt: skip
