@@ -12,6 +12,7 @@
 #   check      tools/check_graphs.py: eager vs cuda-graph vs whole-step from the same state in
 #              check_amp, torch's deterministic algorithms, check_steps steps; the fused arms
 #              (in check_fuse's precisions) with fuse_mode and fused_keys (e.g. bn_silu=triton)
+#              and check_env's settings (e.g. FALCONET_BN_SILU_MERGE_ROWS=25600) in its process
 #   bn         tools/bench_batchnorm.py: BatchNorm's kernels, native bf16 vs cuDNN fp16
 #   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
 #              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64
@@ -71,7 +72,8 @@ step() {  # job, gpu, amp, batch, arms, seconds
 job() {  # name, gpu
   case $1 in
     check)
-      CUDA_VISIBLE_DEVICES=$2 timeout "${check_timeout:-280}" python tools/check_graphs.py \
+      # shellcheck disable=SC2086  # check_env: settings for this job only, word-split
+      CUDA_VISIBLE_DEVICES=$2 timeout "${check_timeout:-280}" env ${check_env:-} python tools/check_graphs.py \
         --data .data/coco128/coco128.yaml --amp "${check_amp:-fp32,fp16,bf16}" \
         --fuse "${check_fuse-bf16}" --fuse-mode "${fuse_mode:-inductor-all}" --strict \
         --fused-keys ${fused_keys:-} \
