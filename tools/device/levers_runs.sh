@@ -17,6 +17,8 @@
 #   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
 #              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64
 #              (or bn_silu_args, e.g. "--batch 16 --sweep": the op's time under other tilings)
+#   stem       tools/bench_stem.py: the 3-channel stem convolution against inputs padded with
+#              zero channels to 4 and 8 (forward and weight gradient; time, kernels, error)
 #   bn-silu-tiled  after a batch-16 sweep: the fp16 step at batch 16 (fuse=inductor-loss,
 #              bn_silu=triton) with the default tiling and with the sweep's best
 #   step-b16   isolated step (tools/bench_train.py --measures step), bf16, batch 16, arms16
@@ -86,6 +88,10 @@ job() {  # name, gpu
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${bn_silu_timeout:-150}" python \
         bench_bn_silu.py "${extra[@]}" --out "$OUT/bn-silu.json") \
         > /tmp/logs/bn-silu-gpu$2.out 2> /tmp/logs/bn-silu-gpu$2.err ;;
+    stem)
+      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${stem_timeout:-120}" python \
+        bench_stem.py --batch 16,64 --out "$OUT/stem.json") \
+        > /tmp/logs/stem-gpu$2.out 2> /tmp/logs/stem-gpu$2.err ;;
     bn-silu-tiled)  # after `bn-silu` with bn_silu_args="--batch 16 --sweep": the step at
       # batch 16 in fp16 with the default tiling and with the sweep's best, side by side
       best=$(python -c "import json, sys; b = json.load(open(sys.argv[1]))['sweep']['16'][0]['best']
