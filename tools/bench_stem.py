@@ -2,13 +2,14 @@
 with zero channels to 4 or 8: time, kernels, and error against float64.
 
 cuDNN runs a 3-channel convolution on its kernels for odd channel counts, which stage no
-tiles in shared memory (``..._indexed_wo_smem_...`` in the fused fp16 step's profile, docs/bench-results/
-2026-12-01-profile-fused-fp16-b16-kinds-kernels.txt: about 80 us forward and 205 us weight
-gradient at batch 16, one call each a step: the stem is the one 3-channel convolution, and
-the weight gradient the step's largest single kernel). Zero channels with zero
-weights add nothing to the sum, so a padded stem computes the same convolution; whether
-cuDNN then picks its faster kernels, and what the padding costs, is what this measures
-before the family or the data pipeline change (docs/performance.md, "Not done yet").
+tiles in shared memory (``..._indexed_wo_smem_...`` in the fused fp16 step's profile,
+docs/bench-results/2026-12-01-profile-fused-fp16-b16-kinds-kernels.txt: about 80 us
+forward and 205 us weight gradient at batch 16, one call each a step: the stem is the one
+3-channel convolution, and the weight gradient the step's largest single kernel). Zero
+channels with zero weights add nothing to the sum, so a padded stem computes the same
+convolution; whether cuDNN then picks its faster kernels, and what the padding costs, is
+what this measures before the family or the data pipeline change (docs/performance.md,
+"Not done yet").
 
 For each batch and dtype, the stem's forward and weight gradient (the images need no
 gradient), recorded as a CUDA graph and replayed (median of ``--repeats`` after
