@@ -20,6 +20,11 @@ same replayed forward and backward of all layers. Last, from the best of those, 
 inside the elementwise kernels (``Tiling.merge_rows``) for the layers of at most each of the
 network's distinct row counts (N x H x W, smallest first; ``--no-merge`` skips this stage):
 where the six kernels of a small layer cost more in launches than in work.
+
+``--per-shape`` then times every tiling the sweep tried on each distinct layer shape alone
+(its forward and backward replayed, times the layers of that shape): the sum of each shape's
+best against the best single tiling's sum says whether tilings chosen per shape would pay
+before they are built.
 """
 
 from __future__ import annotations
@@ -132,7 +137,47 @@ def sweep(shapes, args) -> list[dict]:
             if (ms := timed(tiling)) < best_ms:
                 best, best_ms = tiling, ms
     bn_silu.TILING = Tiling()
-    return [{"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}, *rows]
+    summary = {"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}
+    if args.per_shape:
+        tried = [Tiling(**row["tiling"]) for row in rows]
+        summary["per_shape"] = per_shape(shapes, tried, best, args)
+    return [summary, *rows]
+
+
+def per_shape(shapes, tilings: list[Tiling], best: Tiling, args) -> dict:
+    """Each distinct shape's replayed forward and backward under each tiling, times its count
+    of layers: per shape the best, and the sums (module docstring)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in shapes:
+        counts[tuple(shape)] = counts.get(tuple(shape), 0) + 1
+    table = []
+    for shape, count in counts.items():
+        torch.manual_seed(0)
+        layers = layer_inputs([shape], torch.float16)
+        work = partial(fwd_bwd, layers, fused)
+        times = {}
+        for tiling in tilings:
+            bn_silu.TILING = tiling
+            times[tiling] = replay_ms(work, args.warmup, args.repeats) * count
+        fastest = min(times, key=times.get)
+        table.append(
+            {
+                "shape": shape,
+                "layers": count,
+                "best": asdict(fastest),
+                "best_ms": times[fastest],
+                "default_ms": times[Tiling()],
+                "sweep_best_ms": times[best],
+            }
+        )
+        print(json.dumps(table[-1]), flush=True)
+    bn_silu.TILING = Tiling()
+    return {
+        "shapes": table,
+        "sum_per_shape_best_ms": sum(row["best_ms"] for row in table),
+        "sum_sweep_best_ms": sum(row["sweep_best_ms"] for row in table),
+        "sum_default_ms": sum(row["default_ms"] for row in table),
+    }
 
 
 def main() -> None:
@@ -153,8 +198,13 @@ def main() -> None:
     parser.add_argument(
         "--no-merge", dest="merge", action="store_false", help="skip the sweep's merge stage"
     )
+    parser.add_argument(
+        "--per-shape", action="store_true", help="after a sweep: each shape's best (docstring)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.per_shape and not args.sweep:
+        parser.error("--per-shape times the tilings a --sweep tried: give both")
     if not torch.cuda.is_available():
         raise SystemExit("bench_bn_silu measures CUDA kernels; run it on the GPU machine")
     import triton
