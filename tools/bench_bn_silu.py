@@ -16,10 +16,11 @@ statistics: the fused op should be no further from float64 than PyTorch's kernel
 batch, from the default: first the reductions' tile, warps and programs per SM
 (``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
 elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
-same replayed forward and backward of all layers. Last, from the best of those, the merges
-inside the elementwise kernels (``Tiling.merge_rows``) for the layers of at most each of the
-network's distinct row counts (N x H x W, smallest first; ``--no-merge`` skips this stage):
-where the six kernels of a small layer cost more in launches than in work.
+same replayed forward and backward of all layers. Last, from the best of those, the merges'
+tile (``--merge-elements``), each with the merges in kernels of their own and inside the
+elementwise kernels (``Tiling.merge_rows``) for the layers of at most each of the network's
+distinct row counts (N x H x W, smallest first; ``--no-merge`` skips this stage): where the
+six kernels of a small layer cost more in launches than in work.
 
 ``--per-shape`` then times every tiling the sweep tried on each distinct layer shape alone
 (its forward and backward replayed, times the layers of that shape): the sum of each shape's
@@ -132,10 +133,13 @@ def sweep(shapes, args) -> list[dict]:
                 best, best_ms = tiling, ms
     if args.merge:
         map_best = best
-        for count in sorted({math.prod(shape) // shape[1] for shape in shapes}):
-            tiling = Tiling(**(asdict(map_best) | {"merge_rows": count}))
-            if (ms := timed(tiling)) < best_ms:
-                best, best_ms = tiling, ms
+        counts = sorted({math.prod(shape) // shape[1] for shape in shapes})
+        for elements in args.merge_elements:
+            for count in [0, *counts]:
+                change = {"merge_elements": elements, "merge_rows": count}
+                tiling = Tiling(**(asdict(map_best) | change))
+                if tiling != map_best and (ms := timed(tiling)) < best_ms:
+                    best, best_ms = tiling, ms
     bn_silu.TILING = Tiling()
     summary = {"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}
     if args.per_shape:
@@ -195,6 +199,7 @@ def main() -> None:
     parser.add_argument("--per-sm", type=ints, default=[2, 4, 8])
     parser.add_argument("--map-elements", type=ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--map-warps", type=ints, default=[2, 4, 8])
+    parser.add_argument("--merge-elements", type=ints, default=[2048, 4096, 8192])
     parser.add_argument(
         "--no-merge", dest="merge", action="store_false", help="skip the sweep's merge stage"
     )

@@ -135,7 +135,11 @@ def test_merging_in_the_elementwise_kernels_gives_the_same_bits(shape, dtype, mo
     dz = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
     tilings = {  # small tiles: several reduction programs and row tiles at these sizes
         merging: Tiling(
-            map_elements=256, reduce_elements=512, programs_per_sm=20, merge_rows=merging * 10**9
+            map_elements=256,
+            reduce_elements=512,
+            programs_per_sm=20,
+            merge_elements=512,
+            merge_rows=merging * 10**9,
         )
         for merging in (False, True)
     }
@@ -145,7 +149,7 @@ def test_merging_in_the_elementwise_kernels_gives_the_same_bits(shape, dtype, mo
         plan = _plan(x, tiling)
         assert plan.merging is merging and plan.programs > 1
         if shape[1] == 32:
-            assert plan.programs > plan.reduce_r  # the merge's loop runs twice
+            assert plan.programs > plan.merge_p  # the merge's loop runs twice
         if merging:
             assert plan.map_grid[0] < -(-plan.rows // plan.map_r)  # programs loop over tiles
         seen = _Ops()

@@ -36,6 +36,10 @@ class Tiling:
     the reductions' tile and warps, and how many row programs a reduction aims at per SM
     (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices.
 
+    ``merge_elements``: the merges' tile, the partial results of ``merge_elements //
+    block_c`` programs at a time (at 8,192 elements and 4 warps the merge kernel spills
+    registers: ``tools/bn_silu_registers.py``).
+
     ``merge_rows``: an activation of at most this many rows (N x H x W) merges the
     reductions' partial results inside the elementwise kernels (``bn_silu_*_merging``), four
     kernels a layer instead of six, where a launch costs more than the merge's work; 0 (the
@@ -48,6 +52,7 @@ class Tiling:
     reduce_elements: int = 8192
     reduce_warps: int = 4
     programs_per_sm: int = 4
+    merge_elements: int = 8192
     merge_rows: int = 0
 
 
@@ -58,6 +63,7 @@ _FIELD_RULES = {
     "map_warps": (1, True),
     "reduce_warps": (1, True),
     "programs_per_sm": (1, False),
+    "merge_elements": (64, True),
     "merge_rows": (0, False),
 }
 
@@ -134,14 +140,30 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# the launch settings each kernel takes (_Plan.meta); tools/bn_silu_registers.py compiles
+# every kernel with them for a GPU that need not be present
+KERNEL_KINDS = {
+    "bn_silu_stats": "reduce",
+    "bn_silu_grad_sums": "reduce",
+    "bn_silu_stats_merge": "merge",
+    "bn_silu_grad_merge": "merge",
+    "bn_silu_normalise": "map",
+    "bn_silu_input_grad": "map",
+    "bn_silu_normalise_merging": "merging",
+    "bn_silu_input_grad_merging": "merging",
+}
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """One activation's cut under a :class:`Tiling`: ``[rows, channels]`` in channel blocks of
+    """One activation's cut under ``tiling``: ``[rows, channels]`` in channel blocks of
     ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
     ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs,
-    aiming at ``target`` row programs per channel block; ``merging``: the merges inside the
-    elementwise kernels (:attr:`Tiling.merge_rows`)."""
+    aiming at ``target`` row programs per channel block; the merges take the partial results
+    of ``merge_p`` programs at a time; ``merging``: the merges inside the elementwise kernels
+    (:attr:`Tiling.merge_rows`)."""
 
+    tiling: Tiling
     rows: int
     channels: int
     block_c: int
@@ -149,6 +171,7 @@ class _Plan:
     reduce_r: int
     per_program: int
     target: int
+    merge_p: int
     merging: bool
 
     @property
@@ -170,6 +193,19 @@ class _Plan:
         tiles = -(-self.rows // self.map_r)
         return (min(tiles, self.target) if self.merging else tiles), self.channel_blocks
 
+    def meta(self, kind: str) -> dict[str, int]:
+        """The tiles and warps of a kind of kernel (:data:`KERNEL_KINDS`)."""
+        t = self.tiling
+        reduce = {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
+        elementwise = {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
+        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
+        return {
+            "reduce": reduce,
+            "merge": merge,
+            "map": elementwise,
+            "merging": elementwise | {"BLOCK_P": self.merge_p},
+        }[kind]
+
 
 def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     channels = x.shape[1]
@@ -178,9 +214,11 @@ def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     reduce_r = tiling.reduce_elements // block_c
     target = max(1, tiling.programs_per_sm * _sms(x.device) // -(-channels // block_c))
     per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
-    map_r = tiling.map_elements // block_c
+    map_r, merge_p = tiling.map_elements // block_c, tiling.merge_elements // block_c
     merging = rows <= tiling.merge_rows
-    return _Plan(rows, channels, block_c, map_r, reduce_r, per_program, target, merging)
+    return _Plan(
+        tiling, rows, channels, block_c, map_r, reduce_r, per_program, target, merge_p, merging
+    )
 
 
 # --------------------------------------------------------------------------- the ops
@@ -198,33 +236,29 @@ def bn_silu(
     the output, the batch's mean and its 1/std (what the backward reads)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    tiling = TILING
-    p = _plan(x, tiling)
+    p = _plan(x, TILING)
     partial_mean = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_m2 = torch.empty_like(partial_mean)
     mean = x.new_empty(p.channels, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     z = torch.empty_like(x, memory_format=torch.channels_last)
     k.bn_silu_stats[p.reduce_grid](
-        x, partial_mean, partial_m2, p.rows, p.channels, p.per_program,
-        BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
-    )  # fmt: skip
+        x, partial_mean, partial_m2, p.rows, p.channels, p.per_program, **p.meta("reduce")
+    )
     if p.merging:
         k.bn_silu_normalise_merging[p.map_grid](
             x, z, partial_mean, partial_m2, mean, rstd, weight, bias, running_mean,
             running_var, p.rows, p.channels, p.per_program, p.programs, momentum, eps,
-            BLOCK_P=p.reduce_r, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+            **p.meta("merging"),
         )  # fmt: skip
         return z, mean, rstd
     k.bn_silu_stats_merge[(p.channel_blocks,)](
         partial_mean, partial_m2, mean, rstd, running_mean, running_var,
-        p.rows, p.channels, p.per_program, p.programs, momentum, eps,
-        BLOCK_P=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
+        p.rows, p.channels, p.per_program, p.programs, momentum, eps, **p.meta("merge"),
     )  # fmt: skip
     k.bn_silu_normalise[p.map_grid](
-        x, z, mean, rstd, weight, bias, p.rows, p.channels,
-        BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
-    )  # fmt: skip
+        x, z, mean, rstd, weight, bias, p.rows, p.channels, **p.meta("map")
+    )
     return z, mean, rstd
 
 
@@ -247,8 +281,7 @@ def bn_silu_backward(
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-    tiling = TILING
-    p = _plan(x, tiling)
+    p = _plan(x, TILING)
     partial_dy = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
     grad_bias = torch.empty_like(bias)
@@ -256,23 +289,21 @@ def bn_silu_backward(
     grad_x = torch.empty_like(x, memory_format=torch.channels_last)
     k.bn_silu_grad_sums[p.reduce_grid](
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-        p.rows, p.channels, p.per_program,
-        BLOCK_R=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
+        p.rows, p.channels, p.per_program, **p.meta("reduce"),
     )  # fmt: skip
     if p.merging:
         k.bn_silu_input_grad_merging[p.map_grid](
             grad_z, x, grad_x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-            grad_bias, grad_weight, p.rows, p.channels, p.programs,
-            BLOCK_P=p.reduce_r, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+            grad_bias, grad_weight, p.rows, p.channels, p.programs, **p.meta("merging"),
         )  # fmt: skip
         return grad_x, grad_weight, grad_bias
     k.bn_silu_grad_merge[(p.channel_blocks,)](
         partial_dy, partial_dy_xhat, grad_bias, grad_weight, p.channels, p.programs,
-        BLOCK_P=p.reduce_r, BLOCK_C=p.block_c, num_warps=tiling.reduce_warps,
+        **p.meta("merge"),
     )  # fmt: skip
     k.bn_silu_input_grad[p.map_grid](
         grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, p.rows,
-        p.channels, BLOCK_R=p.map_r, BLOCK_C=p.block_c, num_warps=tiling.map_warps,
+        p.channels, **p.meta("map"),
     )  # fmt: skip
     return grad_x, grad_weight, grad_bias
 
