@@ -10,9 +10,10 @@ pair moves about 13, and the SiLU's gradient stays in float32 on its way into Ba
 
 A small activation can merge the reductions' partial results inside the elementwise kernels
 (``bn_silu_normalise_merging``, ``bn_silu_input_grad_merging``): four kernels instead of six,
-each elementwise program merging again what one merge program would (the same arithmetic in
-the same order, so the same bits); where that pays is the tiling's ``merge_rows``
-(:class:`falconet_graphs_cuda.bn_silu.Tiling`).
+each elementwise program merging again what one merge program would (the same merge of the
+same tiles in the same order: bit for bit in Triton's interpreter; compiled, the order of
+the sums within a tile follows the kernel's warps, which are the elementwise kernels' here);
+where that pays is the tiling's ``merge_rows`` (:class:`falconet_graphs_cuda.bn_silu.Tiling`).
 
 Every reduction is in float32 and in a fixed order (row blocks of a fixed size, then their
 partial results in order), so the kernels give the same bits run to run. The statistics are
@@ -169,7 +170,7 @@ def bn_silu_normalise_merging(
 ):  # fmt: skip
     """:func:`bn_silu_stats_merge` and :func:`bn_silu_normalise` in one kernel, for a small
     activation, where a launch costs more than the work: every program merges the partial
-    statistics of its channels itself (the same merge in the same order, so the same bits),
+    statistics of its channels itself (the same merge in the same order: module docstring),
     the first row program stores them and moves the running ones, and each program then
     normalises every ``tl.num_programs(0)``-th row tile from its own."""
     pid_r = tl.program_id(0)
