@@ -8,7 +8,9 @@ events. Variants, per dtype: ``native`` (``F.silu(F.batch_norm(...))``: cuDNN's 
 fp16, PyTorch's own in bf16, then SiLU) and ``triton``. The error of each, against the same
 computation in float64 on the same inputs, is the largest absolute difference over every
 layer, for the output, the input's gradient, the weight's and the bias's, and the running
-statistics: the fused op should be no further from float64 than PyTorch's kernels are.
+statistics: the fused op should be no further from float64 than PyTorch's kernels are. And
+the op merging inside its elementwise kernels against its merge kernels: how many tensors
+are equal bit for bit.
 
     python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
@@ -93,6 +95,27 @@ def errors(layers) -> dict:
 
 
 VARIANTS = {"native": native, "triton": fused}
+
+
+def merging_equal(layers) -> dict:
+    """The Triton op with every layer merging inside the elementwise kernels
+    (``Tiling.merge_rows``) against the merge kernels, same inputs and running statistics:
+    how many of the layers' outputs, gradients and running statistics are equal bit for
+    bit (the same merge, in the interpreter always; compiled, where the warps agree)."""
+    default = bn_silu.TILING
+    results = {}
+    for merging in (False, True):
+        bn_silu.TILING = replace(default, merge_rows=(1 << 62) if merging else 0)
+        results[merging] = []
+        for layer in layers:
+            layer["rm"].zero_()
+            layer["rv"].fill_(1.0)
+            out = fused(layer)
+            got = torch.autograd.grad(out, (layer["x"], layer["w"], layer["b"]), layer["dy"])
+            results[merging] += [out, *got, layer["rm"].clone(), layer["rv"].clone()]
+    bn_silu.TILING = default
+    pairs = list(zip(results[False], results[True], strict=True))
+    return {"equal": sum(torch.equal(a, b) for a, b in pairs), "tensors": len(pairs)}
 
 
 def sweep(shapes, args) -> list[dict]:
@@ -238,6 +261,7 @@ def main() -> None:
                 row[f"{name}_ms"] = replay_ms(work, args.warmup, args.repeats)
             row["speedup"] = row["native_ms"] / row["triton_ms"]
             row["max_abs_error_vs_float64"] = errors(layers)
+            row["merging_vs_merge_kernels"] = merging_equal(layers)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
             del layers
