@@ -28,7 +28,7 @@ six kernels of a small layer cost more in launches than in work.
 (its forward and backward replayed, times the layers of that shape): the sum of each shape's
 best against the best single tiling's sum says whether tilings chosen per shape would pay
 before they are built. A sweep also counts the tensors equal bit for bit between the
-default tiling merging and not, as below.
+default tiling merging and not, as a run without it does.
 """
 
 from __future__ import annotations
