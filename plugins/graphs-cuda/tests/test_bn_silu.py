@@ -161,63 +161,6 @@ def test_merging_in_the_elementwise_kernels_gives_the_same_bits(shape, dtype, mo
         assert torch.equal(a, b), name
 
 
-@interpreted
-@pytest.mark.parametrize("merge_rows", [0, 1 << 30], ids=["merge-kernels", "merging"])
-def test_backward_reads_a_channel_slice_of_the_gradient_in_place(merge_rows, monkeypatch):
-    """A concatenation's backward hands each input a channel slice of its gradient; the
-    backward reads it with its parent's row stride, giving bit for bit what the same
-    gradient copied to a dense channels-last tensor gives, and copies nothing."""
-    monkeypatch.setattr(bn_silu, "TILING", Tiling(merge_rows=merge_rows))
-    torch.manual_seed(5)
-    shape = (2, 24, 9, 7)
-    x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
-    parent = torch.randn(2, 56, 9, 7).contiguous(memory_format=torch.channels_last)
-    dz = parent[:, 16:40]  # channels 16-39 of 56
-    assert not dz.is_contiguous(memory_format=torch.channels_last)
-    bn = _bn(24)
-    _, mean, rstd = torch.ops.falconet_graphs.bn_silu(
-        x, bn.weight, bn.bias, bn.running_mean, bn.running_var, MOMENTUM, EPS
-    )
-    args = (x, bn.weight.detach(), bn.bias.detach(), mean, rstd)
-    # the op's own aten calls are below a dispatch mode's reach; the profiler records them
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        in_place = torch.ops.falconet_graphs.bn_silu_backward(dz, *args)
-    dense = dz.contiguous(memory_format=torch.channels_last)
-    copied = torch.ops.falconet_graphs.bn_silu_backward(dense, *args)
-    assert not {e.name for e in prof.events()} & {"aten::contiguous", "aten::clone"}
-    for a, b in zip(in_place, copied, strict=True):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize(
-    ("make", "stride"),
-    [
-        (lambda t: t.contiguous(memory_format=torch.channels_last), 8),
-        (lambda t: torch.cat([t, t], 1).contiguous(memory_format=torch.channels_last)[:, 8:], 16),
-        (lambda t: t[:1, :, :1, :1].contiguous(), 8),  # one row: any layout is a matrix
-        (lambda t: t.contiguous(), None),  # NCHW: channels not adjacent
-        (lambda t: t.contiguous(memory_format=torch.channels_last)[:, :, :, ::2], 16),
-        (lambda t: t.contiguous(memory_format=torch.channels_last)[:, :, ::2], None),
-        (lambda t: t.sum().expand_as(t), None),  # a broadcast scalar: stride 0
-    ],
-    ids=[
-        "channels-last",
-        "channel-slice",
-        "one-row",
-        "nchw",
-        "every-other-column",  # rows still evenly spaced: 16 apart
-        "every-other-line",  # rows not evenly spaced
-        "expanded",
-    ],
-)
-def test_row_stride(make, stride):
-    """Which gradients the backward reads in place (their row stride), and which it copies
-    to a dense channels-last tensor first (None)."""
-    from falconet_graphs_cuda.bn_silu import _row_stride
-
-    assert _row_stride(make(torch.randn(2, 8, 5, 6))) == stride
-
-
 def test_plan_merges_only_up_to_merge_rows():
     """An activation merges inside the elementwise kernels when its rows (N x H x W) are at
     most ``merge_rows``; then at most ``target`` row programs, since each merges again."""

@@ -36,10 +36,9 @@ class Tiling:
     the reductions' tile and warps, and how many row programs a reduction aims at per SM
     (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices.
 
-    ``merge_elements``, ``merge_warps``: the merge kernels' tile, the partial results of
-    ``merge_elements // block_c`` programs at a time, and their warps. A merge runs one
-    program per channel block, so it waits on its loads more than it computes (at 8,192
-    elements and 4 warps it also spills registers: ``tools/bn_silu_registers.py``).
+    ``merge_elements``: the merges' tile, the partial results of ``merge_elements //
+    block_c`` programs at a time (at 8,192 elements and 4 warps the merge kernel spills
+    registers: ``tools/bn_silu_registers.py``).
 
     ``merge_rows``: an activation of at most this many rows (N x H x W) merges the
     reductions' partial results inside the elementwise kernels (``bn_silu_*_merging``), four
@@ -54,7 +53,6 @@ class Tiling:
     reduce_warps: int = 4
     programs_per_sm: int = 4
     merge_elements: int = 8192
-    merge_warps: int = 4
     merge_rows: int = 0
 
 
@@ -66,7 +64,6 @@ _FIELD_RULES = {
     "reduce_warps": (1, True),
     "programs_per_sm": (1, False),
     "merge_elements": (64, True),
-    "merge_warps": (1, True),
     "merge_rows": (0, False),
 }
 
@@ -201,7 +198,7 @@ class _Plan:
         t = self.tiling
         reduce = {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
         elementwise = {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
-        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.block_c, "num_warps": t.merge_warps}
+        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
         return {
             "reduce": reduce,
             "merge": merge,
@@ -222,22 +219,6 @@ def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     return _Plan(
         tiling, rows, channels, block_c, map_r, reduce_r, per_program, target, merge_p, merging
     )
-
-
-def _row_stride(t: torch.Tensor) -> int | None:
-    """The distance between the rows (N x H x W) of ``t [N, C, H, W]`` seen as a ``[rows, C]``
-    matrix with its channels adjacent, or None where it is not one. A channels-last tensor's
-    is C; a channel slice of a wider one, which a concatenation's backward hands each of its
-    inputs, has its parent's, so the kernels read it in place instead of copying it."""
-    n, c, h, w = t.shape
-    s_n, s_c, s_h, s_w = t.stride()
-    if c > 1 and s_c != 1:
-        return None
-    stride = s_w if w > 1 else s_h if h > 1 else s_n if n > 1 else c
-    uniform = (w == 1 or s_w == stride) and (h == 1 or s_h == w * stride)
-    if not uniform or (n > 1 and s_n != h * w * stride) or stride < c:
-        return None
-    return stride
 
 
 # --------------------------------------------------------------------------- the ops
@@ -299,10 +280,7 @@ def bn_silu_backward(
     """The gradients of the input, the weight and the bias."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    dz_stride = _row_stride(grad_z)
-    if dz_stride is None:
-        grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-        dz_stride = grad_z.shape[1]
+    grad_z = grad_z.contiguous(memory_format=torch.channels_last)
     p = _plan(x, TILING)
     partial_dy = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
@@ -311,13 +289,12 @@ def bn_silu_backward(
     grad_x = torch.empty_like(x, memory_format=torch.channels_last)
     k.bn_silu_grad_sums[p.reduce_grid](
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-        p.rows, p.channels, dz_stride, p.per_program, **p.meta("reduce"),
+        p.rows, p.channels, p.per_program, **p.meta("reduce"),
     )  # fmt: skip
     if p.merging:
         k.bn_silu_input_grad_merging[p.map_grid](
             grad_z, x, grad_x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-            grad_bias, grad_weight, p.rows, p.channels, dz_stride, p.programs,
-            **p.meta("merging"),
+            grad_bias, grad_weight, p.rows, p.channels, p.programs, **p.meta("merging"),
         )  # fmt: skip
         return grad_x, grad_weight, grad_bias
     k.bn_silu_grad_merge[(p.channel_blocks,)](
@@ -326,7 +303,7 @@ def bn_silu_backward(
     )  # fmt: skip
     k.bn_silu_input_grad[p.map_grid](
         grad_z, x, grad_x, mean, rstd, weight, bias, grad_bias, grad_weight, p.rows,
-        p.channels, dz_stride, **p.meta("map"),
+        p.channels, **p.meta("map"),
     )  # fmt: skip
     return grad_x, grad_weight, grad_bias
 

@@ -205,12 +205,10 @@ def _silu_grad(x, dz, mean, rstd, w, b):
 @triton.jit
 def bn_silu_grad_sums(
     dz_ptr, x_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
-    rows, channels, dz_stride, rows_per_program,
+    rows, channels, rows_per_program,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """Per program: the sums of ``dy`` and ``dy x x_hat`` over its rows, per channel. The
-    output's gradient may be a channel slice of a wider tensor (a concatenation's backward):
-    its rows are ``dz_stride`` apart."""
+    """Per program: the sums of ``dy`` and ``dy x x_hat`` over its rows, per channel."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
@@ -227,8 +225,7 @@ def bn_silu_grad_sums(
         ok = (r < end)[:, None] & col_ok[None, :]
         offsets = r[:, None] * channels + cols[None, :]
         x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-        dz_at = dz_ptr + r[:, None] * dz_stride + cols[None, :]
-        dz = tl.load(dz_at, mask=ok, other=0.0).to(tl.float32)
+        dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
         x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
         dy = tl.where(ok, dy, 0.0)
         sum_dy += tl.sum(dy, axis=0)
@@ -271,14 +268,13 @@ def bn_silu_grad_merge(
 @triton.jit
 def _input_grad_tile(
     dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows, channels,
-    dz_stride,
 ):  # fmt: skip
     """One row tile of ``dx = w x rstd x (dy - mean(dy) - x_hat x mean(dy x x_hat))``."""
     ok = (r < rows)[:, None] & col_ok[None, :]
     offsets = r[:, None] * channels + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    dz = tl.load(dz_ptr + r[:, None] * dz_stride + cols[None, :], mask=ok, other=0.0)
-    x_hat, dy = _silu_grad(x, dz.to(tl.float32), mean, rstd, w, b)
+    dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
     inv_rows = 1.0 / rows
     mean_dy = grad_b * inv_rows
     mean_dy_xhat = grad_w * inv_rows
@@ -289,7 +285,7 @@ def _input_grad_tile(
 @triton.jit
 def bn_silu_input_grad(
     dz_ptr, x_ptr, dx_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, grad_b_ptr, grad_w_ptr,
-    rows, channels, dz_stride,
+    rows, channels,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """``dx = w x rstd x (dy - mean(dy) - x_hat x mean(dy x x_hat))``."""
@@ -304,14 +300,14 @@ def bn_silu_input_grad(
     grad_w = tl.load(grad_w_ptr + cols, mask=col_ok, other=0.0)
     _input_grad_tile(
         dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
-        channels, dz_stride,
+        channels,
     )  # fmt: skip
 
 
 @triton.jit
 def bn_silu_input_grad_merging(
     dz_ptr, x_ptr, dx_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
-    grad_b_ptr, grad_w_ptr, rows, channels, dz_stride, programs,
+    grad_b_ptr, grad_w_ptr, rows, channels, programs,
     BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """:func:`bn_silu_grad_merge` and :func:`bn_silu_input_grad` in one kernel, as
@@ -336,5 +332,5 @@ def bn_silu_input_grad_merging(
         r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
         _input_grad_tile(
             dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
-            channels, dz_stride,
+            channels,
         )  # fmt: skip
