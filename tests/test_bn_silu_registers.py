@@ -2,7 +2,7 @@
 without a GPU, under the default tiling and a smaller merge tile, and what the cubins say:
 the elementwise kernels and the reductions spill nothing, and at a 2,048-element merge tile
 nothing does (at the default 8,192 the merge kernels spill: docs/performance.md). A compile
-error that the CPU tests' interpreter cannot see (types, loops with a runtime step) fails
+error that the CPU tests' interpreter cannot see (types, loops with runtime bounds) fails
 here, not in GPU time."""
 
 from __future__ import annotations

@@ -8,9 +8,7 @@ events. Variants, per dtype: ``native`` (``F.silu(F.batch_norm(...))``: cuDNN's 
 fp16, PyTorch's own in bf16, then SiLU) and ``triton``. The error of each, against the same
 computation in float64 on the same inputs, is the largest absolute difference over every
 layer, for the output, the input's gradient, the weight's and the bias's, and the running
-statistics: the fused op should be no further from float64 than PyTorch's kernels are. And
-the op merging inside its elementwise kernels against its merge kernels: how many tensors
-are equal bit for bit.
+statistics: the fused op should be no further from float64 than PyTorch's kernels are.
 
     python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
 
@@ -18,25 +16,20 @@ are equal bit for bit.
 batch, from the default: first the reductions' tile, warps and programs per SM
 (``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
 elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
-same replayed forward and backward of all layers. Last, from the best of those, the merges'
-tile (``--merge-elements``), each with the merges in kernels of their own and inside the
-elementwise kernels (``Tiling.merge_rows``) for the layers of at most each of the network's
-distinct row counts (N x H x W, smallest first; ``--no-merge`` skips this stage): where the
-six kernels of a small layer cost more in launches than in work.
+same replayed forward and backward of all layers. Last, from the best of those, the merge
+kernels' tile (``--merge-elements``; ``--no-merge`` skips this stage).
 
 ``--per-shape`` then times every tiling the sweep tried on each distinct layer shape alone
 (its forward and backward replayed, times the layers of that shape): the sum of each shape's
 best against the best single tiling's sum says whether tilings chosen per shape would pay
-before they are built. A sweep also counts the tensors equal bit for bit between the
-default tiling merging and not, as a run without it does.
+before they are built.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -98,27 +91,6 @@ def errors(layers) -> dict:
 VARIANTS = {"native": native, "triton": fused}
 
 
-def merging_equal(layers) -> dict:
-    """The Triton op with every layer merging inside the elementwise kernels
-    (``Tiling.merge_rows``) against the merge kernels, same inputs and running statistics:
-    how many of the layers' outputs, gradients and running statistics are equal bit for
-    bit (the same merge, in the interpreter always; compiled, where the warps agree)."""
-    default = bn_silu.TILING
-    results = {}
-    for merging in (False, True):
-        bn_silu.TILING = replace(default, merge_rows=(1 << 62) if merging else 0)
-        results[merging] = []
-        for layer in layers:
-            layer["rm"].zero_()
-            layer["rv"].fill_(1.0)
-            out = fused(layer)
-            got = torch.autograd.grad(out, (layer["x"], layer["w"], layer["b"]), layer["dy"])
-            results[merging] += [out, *got, layer["rm"].clone(), layer["rv"].clone()]
-    bn_silu.TILING = default
-    pairs = list(zip(results[False], results[True], strict=True))
-    return {"equal": sum(torch.equal(a, b) for a, b in pairs), "tensors": len(pairs)}
-
-
 def sweep(shapes, args) -> list[dict]:
     """The Triton op's replayed time under each tiling (module docstring), fp16."""
     torch.manual_seed(0)
@@ -157,16 +129,12 @@ def sweep(shapes, args) -> list[dict]:
                 best, best_ms = tiling, ms
     if args.merge:
         map_best = best
-        counts = sorted({math.prod(shape) // shape[1] for shape in shapes})
         for elements in args.merge_elements:
-            for count in [0, *counts]:
-                change = {"merge_elements": elements, "merge_rows": count}
-                tiling = Tiling(**(asdict(map_best) | change))
-                if tiling != map_best and (ms := timed(tiling)) < best_ms:
-                    best, best_ms = tiling, ms
+            tiling = Tiling(**(asdict(map_best) | {"merge_elements": elements}))
+            if tiling != map_best and (ms := timed(tiling)) < best_ms:
+                best, best_ms = tiling, ms
     bn_silu.TILING = Tiling()
     summary = {"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}
-    summary["merging_vs_merge_kernels"] = merging_equal(layers)  # the default tiling's
     if args.per_shape:
         tried = [Tiling(**row["tiling"]) for row in rows]
         summary["per_shape"] = per_shape(shapes, tried, best, args)
@@ -263,7 +231,6 @@ def main() -> None:
                 row[f"{name}_ms"] = replay_ms(work, args.warmup, args.repeats)
             row["speedup"] = row["native_ms"] / row["triton_ms"]
             row["max_abs_error_vs_float64"] = errors(layers)
-            row["merging_vs_merge_kernels"] = merging_equal(layers)
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
             del layers

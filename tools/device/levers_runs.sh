@@ -12,7 +12,7 @@
 #   check      tools/check_graphs.py: eager vs cuda-graph vs whole-step from the same state in
 #              check_amp, torch's deterministic algorithms, check_steps steps; the fused arms
 #              (in check_fuse's precisions) with fuse_mode and fused_keys (e.g. bn_silu=triton)
-#              and check_env's settings (e.g. FALCONET_BN_SILU_MERGE_ROWS=25600) in its process
+#              and check_env's settings (e.g. FALCONET_BN_SILU_MAP_WARPS=8) in its process
 #   bn         tools/bench_batchnorm.py: BatchNorm's kernels, native bf16 vs cuDNN fp16
 #   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
 #              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64

@@ -28,8 +28,7 @@ from falconet.training.config import TrainConfig
 
 pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
 
-from falconet_graphs_cuda import bn_silu
-from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU, Tiling, _plan
+from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU, Tiling
 from falconet_graphs_cuda.static_step import fused_bn_silu
 
 MOMENTUM, EPS = 0.03, 1e-3
@@ -97,12 +96,9 @@ def _run(x: torch.Tensor, bn: nn.Module, fused: bool, dz: torch.Tensor):
         (4, 24, 1, 1),  # one pixel: channels-last and contiguous coincide
     ],
 )
-@pytest.mark.parametrize("merge_rows", [0, 1 << 30], ids=["merge-kernels", "merging"])
-def test_fused_op_matches_float64(shape, merge_rows, monkeypatch):
+def test_fused_op_matches_float64(shape):
     """Against ``F.silu(batch_norm(x))`` in float64 from the same state: the fused op's
-    float32 results within float32 rounding, and the batch counter advanced once; with the
-    merges in kernels of their own and inside the elementwise kernels."""
-    monkeypatch.setattr(bn_silu, "TILING", Tiling(merge_rows=merge_rows))
+    float32 results within float32 rounding, and the batch counter advanced once."""
     torch.manual_seed(1)
     x = (torch.randn(shape) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
     dz = torch.randn(shape).contiguous(memory_format=torch.channels_last)
@@ -114,63 +110,6 @@ def test_fused_op_matches_float64(shape, merge_rows, monkeypatch):
     for name, a, b in zip(NAMES, got, want, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5, msg=name)
     assert bn.num_batches_tracked.item() == 1
-
-
-@interpreted
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(
-    "shape",
-    [
-        (3, 16, 31, 29),  # 1 channel block: 40 row programs loop over 169 row tiles
-        (2, 80, 6, 7),  # 2 channel blocks, the last tile ragged
-        (2, 32, 20, 17),  # 22 reduction programs, merged in two blocks of 16
-    ],
-)
-def test_merging_in_the_elementwise_kernels_gives_the_same_bits(shape, dtype, monkeypatch):
-    """``merge_rows``: the merges inside the normalising and input-gradient kernels, each
-    row program merging again and looping over its row tiles, give bit for bit what the
-    merge kernels give, output, gradients and running statistics, with fewer kernels."""
-    torch.manual_seed(3)
-    x = (torch.randn(shape) * 3 - 1).to(dtype).contiguous(memory_format=torch.channels_last)
-    dz = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
-    tilings = {  # small tiles: several reduction programs and row tiles at these sizes
-        merging: Tiling(
-            map_elements=256,
-            reduce_elements=512,
-            programs_per_sm=20,
-            merge_elements=512,
-            merge_rows=merging * 10**9,
-        )
-        for merging in (False, True)
-    }
-    got = {}
-    for merging, tiling in tilings.items():
-        monkeypatch.setattr(bn_silu, "TILING", tiling)
-        plan = _plan(x, tiling)
-        assert plan.merging is merging and plan.programs > 1
-        if shape[1] == 32:
-            assert plan.programs > plan.merge_p  # the merge's loop runs twice
-        if merging:
-            assert plan.map_grid[0] < -(-plan.rows // plan.map_r)  # programs loop over tiles
-        seen = _Ops()
-        with seen:
-            got[merging] = _run(x, _bn(shape[1]), True, dz)
-        launches = [n for n in seen.names if n.startswith("falconet_graphs")]
-        assert launches == ["falconet_graphs.bn_silu", "falconet_graphs.bn_silu_backward"]
-    for name, a, b in zip(NAMES, got[False], got[True], strict=True):
-        assert torch.equal(a, b), name
-
-
-def test_plan_merges_only_up_to_merge_rows():
-    """An activation merges inside the elementwise kernels when its rows (N x H x W) are at
-    most ``merge_rows``; then at most ``target`` row programs, since each merges again."""
-    x = torch.empty(2, 64, 16, 16).contiguous(memory_format=torch.channels_last)  # 512 rows
-    assert not _plan(x, Tiling()).merging  # the default merges in kernels of their own
-    assert not _plan(x, Tiling(merge_rows=511)).merging
-    merging, plain = _plan(x, Tiling(merge_rows=512)), _plan(x, Tiling(merge_rows=511))
-    assert merging.merging
-    assert plain.map_grid == (512 // plain.map_r, 1)
-    assert merging.map_grid == (min(512 // merging.map_r, merging.target), 1)
 
 
 def _worst_errors(got, want) -> list[float]:
@@ -302,7 +241,4 @@ def test_tiling_from_the_environment():
         tiling_from_env({"FALCONET_BN_SILU_REDUCE_ELEMENTS": "32"})
     with pytest.raises(ValueError, match="power of two of at least 1"):
         tiling_from_env({"FALCONET_BN_SILU_MAP_WARPS": "6"})
-    assert tiling_from_env({"FALCONET_BN_SILU_MERGE_ROWS": "0"}) == Tiling()
-    assert tiling_from_env({"FALCONET_BN_SILU_MERGE_ROWS": "25600"}).merge_rows == 25600
-    with pytest.raises(ValueError, match="MERGE_ROWS=-1: give a whole number of at least 0"):
-        tiling_from_env({"FALCONET_BN_SILU_MERGE_ROWS": "-1"})
+    assert tiling_from_env({"FALCONET_BN_SILU_MERGE_ELEMENTS": "2048"}).merge_elements == 2048

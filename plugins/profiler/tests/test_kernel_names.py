@@ -14,8 +14,6 @@ CASES = [  # (what it does, the kernel's name)
     ("BatchNorm+SiLU reduction (Triton)", "bn_silu_grad_merge"),
     ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_normalise"),
     ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_input_grad"),
-    ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_normalise_merging"),
-    ("BatchNorm+SiLU elementwise (Triton)", "bn_silu_input_grad_merging"),
     (
         "BatchNorm backward (fp16)",
         "void cudnn::batchnorm_bwtr_nhwc_semiPersist<__half, float, __half, 512, 16, 3, 4, 1,"

@@ -38,12 +38,7 @@ class Tiling:
 
     ``merge_elements``: the merges' tile, the partial results of ``merge_elements //
     block_c`` programs at a time (at 8,192 elements and 4 warps the merge kernel spills
-    registers: ``tools/bn_silu_registers.py``).
-
-    ``merge_rows``: an activation of at most this many rows (N x H x W) merges the
-    reductions' partial results inside the elementwise kernels (``bn_silu_*_merging``), four
-    kernels a layer instead of six, where a launch costs more than the merge's work; 0 (the
-    default until the GPU has measured it) merges in kernels of their own throughout."""
+    registers: ``tools/bn_silu_registers.py``)."""
 
     # the best of tools/bench_bn_silu.py --sweep for yolo-n at batch 16 on an H200 (2.45 ms
     # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout)
@@ -53,7 +48,6 @@ class Tiling:
     reduce_warps: int = 4
     programs_per_sm: int = 4
     merge_elements: int = 8192
-    merge_rows: int = 0
 
 
 # each field's least value, and whether Triton needs it a power of two (its tiles and warps)
@@ -64,7 +58,6 @@ _FIELD_RULES = {
     "reduce_warps": (1, True),
     "programs_per_sm": (1, False),
     "merge_elements": (64, True),
-    "merge_rows": (0, False),
 }
 
 
@@ -149,8 +142,6 @@ KERNEL_KINDS = {
     "bn_silu_grad_merge": "merge",
     "bn_silu_normalise": "map",
     "bn_silu_input_grad": "map",
-    "bn_silu_normalise_merging": "merging",
-    "bn_silu_input_grad_merging": "merging",
 }
 
 
@@ -158,10 +149,8 @@ KERNEL_KINDS = {
 class _Plan:
     """One activation's cut under ``tiling``: ``[rows, channels]`` in channel blocks of
     ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
-    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs,
-    aiming at ``target`` row programs per channel block; the merges take the partial results
-    of ``merge_p`` programs at a time; ``merging``: the merges inside the elementwise kernels
-    (:attr:`Tiling.merge_rows`)."""
+    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs;
+    the merges take the partial results of ``merge_p`` programs at a time."""
 
     tiling: Tiling
     rows: int
@@ -170,9 +159,7 @@ class _Plan:
     map_r: int
     reduce_r: int
     per_program: int
-    target: int
     merge_p: int
-    merging: bool
 
     @property
     def channel_blocks(self) -> int:
@@ -188,10 +175,7 @@ class _Plan:
 
     @property
     def map_grid(self) -> tuple[int, int]:
-        """One program a row tile; merging, at most ``target`` row programs, each looping
-        over its tiles, since each program merges the partial results again."""
-        tiles = -(-self.rows // self.map_r)
-        return (min(tiles, self.target) if self.merging else tiles), self.channel_blocks
+        return -(-self.rows // self.map_r), self.channel_blocks
 
     def meta(self, kind: str) -> dict[str, int]:
         """The tiles and warps of a kind of kernel (:data:`KERNEL_KINDS`)."""
@@ -203,7 +187,6 @@ class _Plan:
             "reduce": reduce,
             "merge": merge,
             "map": elementwise,
-            "merging": elementwise | {"BLOCK_P": self.merge_p},
         }[kind]
 
 
@@ -215,10 +198,7 @@ def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     target = max(1, tiling.programs_per_sm * _sms(x.device) // -(-channels // block_c))
     per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
     map_r, merge_p = tiling.map_elements // block_c, tiling.merge_elements // block_c
-    merging = rows <= tiling.merge_rows
-    return _Plan(
-        tiling, rows, channels, block_c, map_r, reduce_r, per_program, target, merge_p, merging
-    )
+    return _Plan(tiling, rows, channels, block_c, map_r, reduce_r, per_program, merge_p)
 
 
 # --------------------------------------------------------------------------- the ops
@@ -245,13 +225,6 @@ def bn_silu(
     k.bn_silu_stats[p.reduce_grid](
         x, partial_mean, partial_m2, p.rows, p.channels, p.per_program, **p.meta("reduce")
     )
-    if p.merging:
-        k.bn_silu_normalise_merging[p.map_grid](
-            x, z, partial_mean, partial_m2, mean, rstd, weight, bias, running_mean,
-            running_var, p.rows, p.channels, p.per_program, p.programs, momentum, eps,
-            **p.meta("merging"),
-        )  # fmt: skip
-        return z, mean, rstd
     k.bn_silu_stats_merge[(p.channel_blocks,)](
         partial_mean, partial_m2, mean, rstd, running_mean, running_var,
         p.rows, p.channels, p.per_program, p.programs, momentum, eps, **p.meta("merge"),
@@ -291,12 +264,6 @@ def bn_silu_backward(
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
         p.rows, p.channels, p.per_program, **p.meta("reduce"),
     )  # fmt: skip
-    if p.merging:
-        k.bn_silu_input_grad_merging[p.map_grid](
-            grad_z, x, grad_x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
-            grad_bias, grad_weight, p.rows, p.channels, p.programs, **p.meta("merging"),
-        )  # fmt: skip
-        return grad_x, grad_weight, grad_bias
     k.bn_silu_grad_merge[(p.channel_blocks,)](
         partial_dy, partial_dy_xhat, grad_bias, grad_weight, p.channels, p.programs,
         **p.meta("merge"),

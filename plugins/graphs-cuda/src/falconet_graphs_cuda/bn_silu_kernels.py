@@ -8,13 +8,6 @@ twice and writes the input gradient once, recomputing the normalised value and t
 derivative instead of keeping them: 8 passes over the activation a layer, where PyTorch's
 pair moves about 13, and the SiLU's gradient stays in float32 on its way into BatchNorm's.
 
-A small activation can merge the reductions' partial results inside the elementwise kernels
-(``bn_silu_normalise_merging``, ``bn_silu_input_grad_merging``): four kernels instead of six,
-each elementwise program merging again what one merge program would (the same merge of the
-same tiles in the same order: bit for bit in Triton's interpreter; compiled, the order of
-the sums within a tile follows the kernel's warps, which are the elementwise kernels' here);
-where that pays is the tiling's ``merge_rows`` (:class:`falconet_graphs_cuda.bn_silu.Tiling`).
-
 Every reduction is in float32 and in a fixed order (row blocks of a fixed size, then their
 partial results in order), so the kernels give the same bits run to run. The statistics are
 combined with the parallel form of Welford's algorithm (count, mean and squared deviations
@@ -162,38 +155,6 @@ def bn_silu_normalise(
 
 
 @triton.jit
-def bn_silu_normalise_merging(
-    x_ptr, z_ptr, partial_mean_ptr, partial_m2_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr,
-    running_mean_ptr, running_var_ptr, rows, channels, rows_per_program, programs,
-    momentum, eps,
-    BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """:func:`bn_silu_stats_merge` and :func:`bn_silu_normalise` in one kernel, for a small
-    activation, where a launch costs more than the work: every program merges the partial
-    statistics of its channels itself (the same merge in the same order: module docstring),
-    the first row program stores them and moves the running ones, and each program then
-    normalises every ``tl.num_programs(0)``-th row tile from its own."""
-    pid_r = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    n, mean, m2, rstd = _merged_stats(
-        partial_mean_ptr, partial_m2_ptr, cols, col_ok, rows, channels, rows_per_program,
-        programs, eps, BLOCK_P, BLOCK_C,
-    )  # fmt: skip
-    if pid_r == 0:
-        _store_stats(
-            n, mean, m2, rstd, cols, col_ok, mean_ptr, rstd_ptr, running_mean_ptr,
-            running_var_ptr, momentum,
-        )  # fmt: skip
-    # the same expressions as bn_silu_normalise's, from the same float32 values
-    scale = rstd * tl.load(w_ptr + cols, mask=col_ok)
-    shift = tl.load(b_ptr + cols, mask=col_ok) - mean * scale
-    for tile in range(pid_r, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
-        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-        _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels)
-
-
-@triton.jit
 def _silu_grad(x, dz, mean, rstd, w, b):
     """The normalised input and the gradient reaching the BatchNorm's output."""
     x_hat = (x - mean[None, :]) * rstd[None, :]
@@ -302,35 +263,3 @@ def bn_silu_input_grad(
         dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
         channels,
     )  # fmt: skip
-
-
-@triton.jit
-def bn_silu_input_grad_merging(
-    dz_ptr, x_ptr, dx_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, sum_dy_ptr, sum_dy_xhat_ptr,
-    grad_b_ptr, grad_w_ptr, rows, channels, programs,
-    BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """:func:`bn_silu_grad_merge` and :func:`bn_silu_input_grad` in one kernel, as
-    :func:`bn_silu_normalise_merging` is the forward's: every program adds its channels'
-    partial sums itself (in the same order), the first row program stores the weight's and
-    the bias's gradients, and each program computes every ``tl.num_programs(0)``-th row tile
-    of the input's gradient."""
-    pid_r = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    grad_b, grad_w = _summed_grads(
-        sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs, BLOCK_P, BLOCK_C
-    )
-    if pid_r == 0:
-        tl.store(grad_b_ptr + cols, grad_b, mask=col_ok)
-        tl.store(grad_w_ptr + cols, grad_w, mask=col_ok)
-    mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
-    rstd = tl.load(rstd_ptr + cols, mask=col_ok, other=0.0)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
-    for tile in range(pid_r, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
-        r = tile * BLOCK_R + tl.arange(0, BLOCK_R)
-        _input_grad_tile(
-            dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
-            channels,
-        )  # fmt: skip
