@@ -17,7 +17,8 @@ batch, from the default: first the reductions' tile, warps and programs per SM
 (``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
 elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
 same replayed forward and backward of all layers. Last, from the best of those, the merge
-kernels' tile (``--merge-elements``; ``--no-merge`` skips this stage).
+kernels' tile and channels a program (``--merge-elements``, ``--merge-channels``;
+``--no-merge`` skips this stage).
 
 ``--per-shape`` then times every tiling the sweep tried on each distinct layer shape alone
 (its forward and backward replayed, times the layers of that shape): the sum of each shape's
@@ -130,9 +131,11 @@ def sweep(shapes, args) -> list[dict]:
     if args.merge:
         map_best = best
         for elements in args.merge_elements:
-            tiling = Tiling(**(asdict(map_best) | {"merge_elements": elements}))
-            if tiling != map_best and (ms := timed(tiling)) < best_ms:
-                best, best_ms = tiling, ms
+            for channels in args.merge_channels:
+                change = {"merge_elements": elements, "merge_channels": channels}
+                tiling = Tiling(**(asdict(map_best) | change))
+                if tiling != map_best and (ms := timed(tiling)) < best_ms:
+                    best, best_ms = tiling, ms
     bn_silu.TILING = Tiling()
     summary = {"best": asdict(best), "best_ms": best_ms, "default_ms": rows[0]["ms"]}
     if args.per_shape:
@@ -193,6 +196,7 @@ def main() -> None:
     parser.add_argument("--map-elements", type=ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--map-warps", type=ints, default=[2, 4, 8])
     parser.add_argument("--merge-elements", type=ints, default=[2048, 4096, 8192])
+    parser.add_argument("--merge-channels", type=ints, default=[16, 32, 64])
     parser.add_argument(
         "--no-merge", dest="merge", action="store_false", help="skip the sweep's merge stage"
     )

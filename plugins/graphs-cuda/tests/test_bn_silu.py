@@ -28,6 +28,7 @@ from falconet.training.config import TrainConfig
 
 pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
 
+from falconet_graphs_cuda import bn_silu
 from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU, Tiling
 from falconet_graphs_cuda.static_step import fused_bn_silu
 
@@ -96,9 +97,20 @@ def _run(x: torch.Tensor, bn: nn.Module, fused: bool, dz: torch.Tensor):
         (4, 24, 1, 1),  # one pixel: channels-last and contiguous coincide
     ],
 )
-def test_fused_op_matches_float64(shape):
+@pytest.mark.parametrize(
+    "tiling",
+    [
+        Tiling(),
+        # (3, 16, 31, 29): 34 partial results, merged 16 at a time; (2, 80, 6, 7): 5 merge
+        # programs of 16 channels where the other kernels take 2 blocks of 64
+        Tiling(reduce_elements=256, programs_per_sm=20, merge_elements=256, merge_channels=16),
+    ],
+    ids=["default", "narrow-merges"],
+)
+def test_fused_op_matches_float64(shape, tiling, monkeypatch):
     """Against ``F.silu(batch_norm(x))`` in float64 from the same state: the fused op's
     float32 results within float32 rounding, and the batch counter advanced once."""
+    monkeypatch.setattr(bn_silu, "TILING", tiling)
     torch.manual_seed(1)
     x = (torch.randn(shape) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
     dz = torch.randn(shape).contiguous(memory_format=torch.channels_last)
@@ -242,3 +254,5 @@ def test_tiling_from_the_environment():
     with pytest.raises(ValueError, match="power of two of at least 1"):
         tiling_from_env({"FALCONET_BN_SILU_MAP_WARPS": "6"})
     assert tiling_from_env({"FALCONET_BN_SILU_MERGE_ELEMENTS": "2048"}).merge_elements == 2048
+    with pytest.raises(ValueError, match="power of two of at least 16"):
+        tiling_from_env({"FALCONET_BN_SILU_MERGE_CHANNELS": "8"})

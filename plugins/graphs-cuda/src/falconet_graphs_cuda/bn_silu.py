@@ -36,9 +36,11 @@ class Tiling:
     the reductions' tile and warps, and how many row programs a reduction aims at per SM
     (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices.
 
-    ``merge_elements``: the merges' tile, the partial results of ``merge_elements //
-    block_c`` programs at a time (at 8,192 elements and 4 warps the merge kernel spills
-    registers: ``tools/bn_silu_registers.py``)."""
+    ``merge_elements``, ``merge_channels``: the merge kernels' tile, and the most channels
+    one merge program takes. A merge runs one program per block of channels and waits on
+    its loads, so narrower blocks give it more programs; each takes the partial results of
+    ``merge_elements // its channels`` programs at a time (at 8,192 elements and 4 warps
+    the merge kernels spill registers: ``tools/bn_silu_registers.py``)."""
 
     # the best of tools/bench_bn_silu.py --sweep for yolo-n at batch 16 on an H200 (2.45 ms
     # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout)
@@ -48,6 +50,7 @@ class Tiling:
     reduce_warps: int = 4
     programs_per_sm: int = 4
     merge_elements: int = 8192
+    merge_channels: int = 64
 
 
 # each field's least value, and whether Triton needs it a power of two (its tiles and warps)
@@ -58,6 +61,7 @@ _FIELD_RULES = {
     "reduce_warps": (1, True),
     "programs_per_sm": (1, False),
     "merge_elements": (64, True),
+    "merge_channels": (16, True),
 }
 
 
@@ -150,7 +154,8 @@ class _Plan:
     """One activation's cut under ``tiling``: ``[rows, channels]`` in channel blocks of
     ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
     ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs;
-    the merges take the partial results of ``merge_p`` programs at a time."""
+    the merges take ``merge_c`` channels a program and the partial results of ``merge_p``
+    programs at a time."""
 
     tiling: Tiling
     rows: int
@@ -159,6 +164,7 @@ class _Plan:
     map_r: int
     reduce_r: int
     per_program: int
+    merge_c: int
     merge_p: int
 
     @property
@@ -168,6 +174,10 @@ class _Plan:
     @property
     def programs(self) -> int:
         return -(-self.rows // self.per_program)
+
+    @property
+    def merge_grid(self) -> tuple[int]:
+        return (-(-self.channels // self.merge_c),)
 
     @property
     def reduce_grid(self) -> tuple[int, int]:
@@ -182,7 +192,7 @@ class _Plan:
         t = self.tiling
         reduce = {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
         elementwise = {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
-        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
+        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.merge_c, "num_warps": t.reduce_warps}
         return {
             "reduce": reduce,
             "merge": merge,
@@ -197,8 +207,9 @@ def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
     reduce_r = tiling.reduce_elements // block_c
     target = max(1, tiling.programs_per_sm * _sms(x.device) // -(-channels // block_c))
     per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
-    map_r, merge_p = tiling.map_elements // block_c, tiling.merge_elements // block_c
-    return _Plan(tiling, rows, channels, block_c, map_r, reduce_r, per_program, merge_p)
+    merge_c = min(block_c, tiling.merge_channels)
+    map_r, merge_p = tiling.map_elements // block_c, tiling.merge_elements // merge_c
+    return _Plan(tiling, rows, channels, block_c, map_r, reduce_r, per_program, merge_c, merge_p)
 
 
 # --------------------------------------------------------------------------- the ops
@@ -225,7 +236,7 @@ def bn_silu(
     k.bn_silu_stats[p.reduce_grid](
         x, partial_mean, partial_m2, p.rows, p.channels, p.per_program, **p.meta("reduce")
     )
-    k.bn_silu_stats_merge[(p.channel_blocks,)](
+    k.bn_silu_stats_merge[p.merge_grid](
         partial_mean, partial_m2, mean, rstd, running_mean, running_var,
         p.rows, p.channels, p.per_program, p.programs, momentum, eps, **p.meta("merge"),
     )  # fmt: skip
@@ -264,7 +275,7 @@ def bn_silu_backward(
         grad_z, x, mean, rstd, weight, bias, partial_dy, partial_dy_xhat,
         p.rows, p.channels, p.per_program, **p.meta("reduce"),
     )  # fmt: skip
-    k.bn_silu_grad_merge[(p.channel_blocks,)](
+    k.bn_silu_grad_merge[p.merge_grid](
         partial_dy, partial_dy_xhat, grad_bias, grad_weight, p.channels, p.programs,
         **p.meta("merge"),
     )  # fmt: skip
