@@ -40,17 +40,19 @@ class Tiling:
     one merge program takes. A merge runs one program per block of channels and waits on
     its loads, so narrower blocks give it more programs; each takes the partial results of
     ``merge_elements // its channels`` programs at a time (at 8,192 elements and 4 warps
-    the merge kernels spill registers: ``tools/bn_silu_registers.py``)."""
+    the merge kernels spill registers: ``tools/bn_silu_registers.py``; at 4,096 they do
+    not)."""
 
     # the best of tools/bench_bn_silu.py --sweep for yolo-n at batch 16 on an H200 (2.45 ms
-    # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout)
+    # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout);
+    # the merges' fields from a later sweep (2.60 to 2.26 ms; the fp16 step 8.59 to 8.25)
     map_elements: int = 2048
     map_warps: int = 4
     reduce_elements: int = 8192
     reduce_warps: int = 4
     programs_per_sm: int = 4
-    merge_elements: int = 8192
-    merge_channels: int = 64
+    merge_elements: int = 4096
+    merge_channels: int = 16
 
 
 # each field's least value, and whether Triton needs it a power of two (its tiles and warps)
