@@ -66,11 +66,15 @@ def bn_silu_stats(
 
 
 @triton.jit
-def _merged_stats(
-    mean_ptr, m2_ptr, cols, col_ok, rows, channels, rows_per_program, programs, eps,
+def bn_silu_stats_merge(
+    mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
+    rows, channels, rows_per_program, programs, momentum, eps,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
-    """The programs' summaries merged in order: count, mean, squared deviations and 1/std."""
+    """Merge the programs' summaries in order; the batch's mean and 1/std, and the running
+    statistics moved towards them (the unbiased variance, as PyTorch keeps)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
     n_a = tl.zeros([BLOCK_C], tl.float32)
     mean_a = tl.zeros([BLOCK_C], tl.float32)
     m2_a = tl.zeros([BLOCK_C], tl.float32)
@@ -88,56 +92,16 @@ def _merged_stats(
         d = tl.where(ok, means - mean_b[None, :], 0.0)
         m2_b = tl.sum(m2s + counts[:, None] * d * d, axis=0)
         n_a, mean_a, m2_a = _merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b)
-    return n_a, mean_a, m2_a, 1.0 / tl.sqrt(m2_a / n_a + eps)
-
-
-@triton.jit
-def _store_stats(
-    n, mean, m2, rstd, cols, col_ok, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
-    running_var_ptr, momentum,
-):  # fmt: skip
-    """The batch's mean and 1/std for the backward; the running statistics moved towards
-    the batch's (the unbiased variance, as PyTorch keeps)."""
-    tl.store(batch_mean_ptr + cols, mean, mask=col_ok)
-    tl.store(batch_rstd_ptr + cols, rstd, mask=col_ok)
+    var = m2_a / n_a
+    tl.store(batch_mean_ptr + cols, mean_a, mask=col_ok)
+    tl.store(batch_rstd_ptr + cols, 1.0 / tl.sqrt(var + eps), mask=col_ok)
     running_mean = tl.load(running_mean_ptr + cols, mask=col_ok)
     running_var = tl.load(running_var_ptr + cols, mask=col_ok)
-    unbiased = m2 / tl.maximum(n - 1.0, 1.0)
-    running_mean += momentum * (mean - running_mean)
+    unbiased = m2_a / tl.maximum(n_a - 1.0, 1.0)
+    running_mean += momentum * (mean_a - running_mean)
     running_var += momentum * (unbiased - running_var)
     tl.store(running_mean_ptr + cols, running_mean, mask=col_ok)
     tl.store(running_var_ptr + cols, running_var, mask=col_ok)
-
-
-@triton.jit
-def bn_silu_stats_merge(
-    mean_ptr, m2_ptr, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr, running_var_ptr,
-    rows, channels, rows_per_program, programs, momentum, eps,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """Merge the programs' summaries in order; store the batch's statistics and move the
-    running ones (:func:`_store_stats`)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    n, mean, m2, rstd = _merged_stats(
-        mean_ptr, m2_ptr, cols, col_ok, rows, channels, rows_per_program, programs, eps,
-        BLOCK_P, BLOCK_C,
-    )  # fmt: skip
-    _store_stats(
-        n, mean, m2, rstd, cols, col_ok, batch_mean_ptr, batch_rstd_ptr, running_mean_ptr,
-        running_var_ptr, momentum,
-    )  # fmt: skip
-
-
-@triton.jit
-def _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels):
-    """One row tile of ``z = silu(x x scale + shift)``, stored in the output's dtype."""
-    ok = (r < rows)[:, None] & col_ok[None, :]
-    offsets = r[:, None] * channels + cols[None, :]
-    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    y = x * scale[None, :] + shift[None, :]
-    z = y * tl.sigmoid(y)
-    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -149,9 +113,14 @@ def bn_silu_normalise(
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
+    ok = (r < rows)[:, None] & col_ok[None, :]
+    offsets = r[:, None] * channels + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
     scale = tl.load(rstd_ptr + cols, mask=col_ok) * tl.load(w_ptr + cols, mask=col_ok)
     shift = tl.load(b_ptr + cols, mask=col_ok) - tl.load(mean_ptr + cols, mask=col_ok) * scale
-    _normalise_tile(x_ptr, z_ptr, scale, shift, r, cols, col_ok, rows, channels)
+    y = x * scale[None, :] + shift[None, :]
+    z = y * tl.sigmoid(y)
+    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -197,9 +166,13 @@ def bn_silu_grad_sums(
 
 
 @triton.jit
-def _summed_grads(sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs,
-                  BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+def bn_silu_grad_merge(
+    sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
     """The programs' sums added in order: the bias's and the weight's gradients."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < channels
     grad_b = tl.zeros([BLOCK_C], tl.float32)
     grad_w = tl.zeros([BLOCK_C], tl.float32)
     for start in range(0, programs, BLOCK_P):
@@ -208,39 +181,8 @@ def _summed_grads(sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs,
         idx = p[:, None] * channels + cols[None, :]
         grad_b += tl.sum(tl.load(sum_dy_ptr + idx, mask=ok, other=0.0), axis=0)
         grad_w += tl.sum(tl.load(sum_dy_xhat_ptr + idx, mask=ok, other=0.0), axis=0)
-    return grad_b, grad_w
-
-
-@triton.jit
-def bn_silu_grad_merge(
-    sum_dy_ptr, sum_dy_xhat_ptr, grad_b_ptr, grad_w_ptr, channels, programs,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """The programs' sums added in order: the bias's and the weight's gradients."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < channels
-    grad_b, grad_w = _summed_grads(
-        sum_dy_ptr, sum_dy_xhat_ptr, cols, col_ok, channels, programs, BLOCK_P, BLOCK_C
-    )
     tl.store(grad_b_ptr + cols, grad_b, mask=col_ok)
     tl.store(grad_w_ptr + cols, grad_w, mask=col_ok)
-
-
-@triton.jit
-def _input_grad_tile(
-    dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows, channels,
-):  # fmt: skip
-    """One row tile of ``dx = w x rstd x (dy - mean(dy) - x_hat x mean(dy x x_hat))``."""
-    ok = (r < rows)[:, None] & col_ok[None, :]
-    offsets = r[:, None] * channels + cols[None, :]
-    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
-    x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
-    inv_rows = 1.0 / rows
-    mean_dy = grad_b * inv_rows
-    mean_dy_xhat = grad_w * inv_rows
-    dx = (w * rstd)[None, :] * (dy - mean_dy[None, :] - x_hat * mean_dy_xhat[None, :])
-    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -253,13 +195,17 @@ def bn_silu_input_grad(
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
+    ok = (r < rows)[:, None] & col_ok[None, :]
+    offsets = r[:, None] * channels + cols[None, :]
     mean = tl.load(mean_ptr + cols, mask=col_ok, other=0.0)
     rstd = tl.load(rstd_ptr + cols, mask=col_ok, other=0.0)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0)
-    grad_b = tl.load(grad_b_ptr + cols, mask=col_ok, other=0.0)
-    grad_w = tl.load(grad_w_ptr + cols, mask=col_ok, other=0.0)
-    _input_grad_tile(
-        dz_ptr, x_ptr, dx_ptr, mean, rstd, w, b, grad_b, grad_w, r, cols, col_ok, rows,
-        channels,
-    )  # fmt: skip
+    x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    dz = tl.load(dz_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    x_hat, dy = _silu_grad(x, dz, mean, rstd, w, b)
+    inv_rows = 1.0 / rows
+    mean_dy = tl.load(grad_b_ptr + cols, mask=col_ok, other=0.0) * inv_rows
+    mean_dy_xhat = tl.load(grad_w_ptr + cols, mask=col_ok, other=0.0) * inv_rows
+    dx = (w * rstd)[None, :] * (dy - mean_dy[None, :] - x_hat * mean_dy_xhat[None, :])
+    tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=ok)
