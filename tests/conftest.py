@@ -3,17 +3,35 @@
 ``tests/fixtures/broken-plugin`` is built into a wheel with hatchling and unpacked into a
 temporary site folder (what an installer does with a pure-Python wheel), so its entry points are
 discovered by ``importlib.metadata`` exactly as an installed distribution's are, but only by the
-tests that put that folder on their path; the development environment stays clean.
+tests that put that folder on their path; the development environment stays clean. And
+``load_tool``: a script of ``tools/`` imported by its path, for the tests of its logic.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+def _load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def load_tool() -> Callable[[str], ModuleType]:
+    """``load_tool(name)``: ``tools/<name>.py`` as a module (tools/ is no package)."""
+    return _load_tool
 
 
 @pytest.fixture(scope="session")

@@ -4,19 +4,12 @@ backend it asked for (the first H200 run had such a row)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 
 @pytest.fixture(scope="module")
-def bench_train():
-    path = Path(__file__).resolve().parents[1] / "tools" / "bench_train.py"
-    spec = importlib.util.spec_from_file_location("bench_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench_train(load_tool):
+    return load_tool("bench_train")
 
 
 RESULTS = [

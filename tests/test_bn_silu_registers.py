@@ -7,21 +7,14 @@ here, not in GPU time."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton", reason="the kernels are Triton's")
 
 
 @pytest.fixture(scope="module")
-def registers():
-    path = Path(__file__).resolve().parents[1] / "tools" / "bn_silu_registers.py"
-    spec = importlib.util.spec_from_file_location("bn_silu_registers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def registers(load_tool):
+    return load_tool("bn_silu_registers")
 
 
 def _by_kernel(rows) -> dict[str, dict]:
