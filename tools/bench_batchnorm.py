@@ -18,14 +18,12 @@ cuDNN). The outputs of ``cudnn-bf16`` are compared with ``native-bf16``'s.
 
 from __future__ import annotations
 
-import argparse
 import json
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from graph_replay import replay_ms  # tools/ is on the path
+from graph_replay import kernel_parser, kernel_report, replay_ms  # tools/ is on the path
 
 from falconet.plugins import get_plugins
 
@@ -114,24 +112,11 @@ def agreement(layers) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="yolo-n")
-    parser.add_argument("--batch", default="16,64")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--out", type=Path)
+    parser = kernel_parser(__doc__)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_batchnorm measures CUDA kernels; run it on the GPU machine")
-    report = {
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "device": torch.cuda.get_device_name(),
-        "model": args.model,
-        "imgsz": args.imgsz,
-        "batches": {},
-    }
+    report = kernel_report(args, batches={})
     for batch in map(int, args.batch.split(",")):
         shapes = bn_shapes(args.model, batch, args.imgsz)
         row: dict = {"layers": len(shapes)}

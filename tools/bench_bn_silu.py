@@ -28,16 +28,14 @@ before they are built.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from bench_batchnorm import EPS, MOMENTUM, bn_shapes, layer_inputs  # tools/ is on the path
-from graph_replay import replay_ms
+from graph_replay import kernel_parser, kernel_report, replay_ms
 
 from falconet_graphs_cuda import bn_silu
 from falconet_graphs_cuda.bn_silu import Tiling, _BatchNormSiLU
@@ -181,13 +179,8 @@ def per_shape(shapes, tilings: list[Tiling], best: Tiling, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="yolo-n")
-    parser.add_argument("--batch", default="16,64")
+    parser = kernel_parser(__doc__)
     parser.add_argument("--dtypes", default="fp16,bf16")
-    parser.add_argument("--imgsz", type=int, default=640)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--sweep", action="store_true", help="time other tilings (docstring)")
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     parser.add_argument("--reduce-elements", type=ints, default=[2048, 4096, 8192, 16384])
@@ -203,7 +196,6 @@ def main() -> None:
     parser.add_argument(
         "--per-shape", action="store_true", help="after a sweep: each shape's best (docstring)"
     )
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.per_shape and not args.sweep:
         parser.error("--per-shape times the tilings a --sweep tried: give both")
@@ -211,15 +203,7 @@ def main() -> None:
         raise SystemExit("bench_bn_silu measures CUDA kernels; run it on the GPU machine")
     import triton
 
-    report = {
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "device": torch.cuda.get_device_name(),
-        "model": args.model,
-        "imgsz": args.imgsz,
-        "rows": [],
-    }
+    report = kernel_report(args, triton=triton.__version__, rows=[])
     for batch in map(int, args.batch.split(",")):
         shapes = bn_shapes(args.model, batch, args.imgsz)
         if args.sweep:

@@ -25,14 +25,12 @@ the output and the weight's gradient from float64 on the same rounded inputs.
 
 from __future__ import annotations
 
-import argparse
 import json
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from graph_replay import replay_ms  # tools/ is on the path
+from graph_replay import kernel_parser, kernel_report, replay_ms  # tools/ is on the path
 
 from falconet.plugins import get_plugins
 
@@ -102,29 +100,15 @@ def errors(conv, data, got) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="yolo-n")
-    parser.add_argument("--batch", default="16,64")
+    parser = kernel_parser(__doc__)
     parser.add_argument("--dtypes", default="fp16,bf16")
-    parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--variants", default=",".join(PADDED))
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_stem measures cuDNN's kernels; run it on the GPU machine")
     torch.backends.cudnn.benchmark = True  # as the trainer runs
     conv = stem(args.model)
-    report = {
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "device": torch.cuda.get_device_name(),
-        "model": args.model,
-        "imgsz": args.imgsz,
-        "stem": repr(conv),
-        "rows": [],
-    }
+    report = kernel_report(args, stem=repr(conv), rows=[])
     for batch in map(int, args.batch.split(",")):
         for dtype_name in args.dtypes.split(","):
             torch.manual_seed(0)
