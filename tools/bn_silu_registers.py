@@ -30,8 +30,12 @@ from triton.compiler import ASTSource
 from falconet_graphs_cuda import bn_silu_kernels
 from falconet_graphs_cuda.bn_silu import KERNEL_KINDS, Tiling, _plan, tiling_from_env
 
-ACTIVATIONS = ("x_ptr", "z_ptr", "dz_ptr", "dx_ptr")  # in the input's dtype; the rest float32
+# in the input's dtype; the other pointers float32
+ACTIVATIONS = ("x_ptr", "z_ptr", "dz_ptr", "dx_ptr", "res_ptr")
 FLOATS = ("momentum", "eps")
+# switches a kernel takes besides its tiles, set to the variant that does more (a residual
+# read: C2f's bottlenecks end in one)
+SWITCHES = {"HAS_RESIDUAL": True}
 DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 
 
@@ -52,6 +56,8 @@ def resources(kernel, meta: dict[str, int], dtype: str, arch: int) -> dict[str, 
     """Compile ``kernel`` with ``meta`` (tiles and ``num_warps``) for ``sm_<arch>``; read its
     registers, stack (spills) and shared memory off the cubin."""
     constants = {k: v for k, v in meta.items() if k != "num_warps"}
+    names = inspect.signature(kernel.fn).parameters
+    constants |= {k: v for k, v in SWITCHES.items() if k in names}
     source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
     compiled = triton.compile(
         source, target=GPUTarget("cuda", arch, 32), options={"num_warps": meta["num_warps"]}

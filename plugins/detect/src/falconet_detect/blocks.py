@@ -44,8 +44,12 @@ class Conv(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, k, s, k // 2, bias=False)
         self.bn = nn.BatchNorm2d(c_out, eps=BN_EPS, momentum=BN_MOMENTUM)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.batch_norm_silu(self.conv(x), self.bn)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``residual`` is added to the output; ``out`` is where a backend may write it (a
+        slice of a concatenation's buffer: :func:`falconet.ops.concat_buffer`)."""
+        return ops.batch_norm_silu(self.conv(x), self.bn, residual, out)
 
 
 class Bottleneck(nn.Module):
@@ -56,9 +60,8 @@ class Bottleneck(nn.Module):
         self.cv1, self.cv2 = Conv(c, c, 3), Conv(c, c, 3)
         self.add = shortcut
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.cv2(self.cv1(x))
-        return x + y if self.add else y
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cv2(self.cv1(x), x if self.add else None, out)
 
 
 class C2f(nn.Module):
@@ -72,16 +75,38 @@ class C2f(nn.Module):
         self.m = nn.ModuleList(Bottleneck(self.c, shortcut) for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = list(self.cv1(x).chunk(2, 1))
-        if self.m and on_eager_kernels():
-            # In channels-last a half of the channels is a strided view. The first convolution
-            # (cuDNN) would copy it densely for its forward and again for its weight's gradient
-            # (autograd keeps the view); copied here once, the copy is what the backward keeps.
-            # Same values, same gradients bit for bit (docs/performance.md, bench_blocks.py).
-            y[-1] = y[-1].clone(memory_format=torch.preserve_format)
-        for block in self.m:
-            y.append(block(y[-1]))
-        return self.cv2(torch.cat(y, 1))
+        if not (self.m and on_eager_kernels()):
+            y = list(self.cv1(x).chunk(2, 1))
+            for block in self.m:
+                y.append(block(y[-1]))
+            return self.cv2(torch.cat(y, 1))
+        # Each part is written where a backend can into its channels of the concatenation's
+        # buffer (ops.concat_buffer; the fused BatchNorm+SiLU does), so that joining them
+        # copies nothing; run as is there is no buffer and the parts are concatenated.
+        z = self.cv1.conv(x)
+        buffer = ops.concat_buffer(z, (2 + len(self.m)) * self.c)
+        parts = list(
+            ops.batch_norm_silu(z, self.cv1.bn, None, self._slot(buffer, 0, 2)).chunk(2, 1)
+        )
+        for i, block in enumerate(self.m):
+            parts.append(block(_dense(parts[-1]), self._slot(buffer, 2 + i, 1)))
+        return self.cv2(ops.concat_channels(parts, buffer))
+
+    def _slot(self, buffer: torch.Tensor | None, first: int, count: int) -> torch.Tensor | None:
+        """Channels ``[first, first + count)`` of ``c`` each in ``buffer``, if there is one."""
+        return None if buffer is None else buffer[:, first * self.c : (first + count) * self.c]
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x``, copied if it is a slice of channels (a strided view).
+
+    The first convolution (cuDNN) would copy such a view densely for its forward and again for
+    its weight's gradient (autograd keeps the view); copied here once, the copy is what the
+    backward keeps. Same values, same gradients bit for bit (docs/performance.md,
+    bench_blocks.py)."""
+    if x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last):
+        return x
+    return x.clone(memory_format=torch.preserve_format)
 
 
 class SPPF(nn.Module):

@@ -106,29 +106,65 @@ class FusedBatchNormSiLU(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not ops.batch_norm_silu or not self._qualifies(*args, **kwargs):
-            return func(*args, **kwargs)
-        x, bn = args
+        if func is ops.batch_norm_silu:
+            return self._batch_norm_silu(func, *args, **kwargs)
+        if func is ops.concat_buffer:
+            like, channels = args
+            if not self._dense(like):
+                return None
+            n, _, h, w = like.shape
+            return torch.empty(
+                (n, channels, h, w), dtype=like.dtype, device=like.device,
+                memory_format=torch.channels_last,
+            )  # fmt: skip
+        if func is ops.concat_channels:
+            parts, buffer = args
+            if buffer is not None and _lies_in(parts, buffer):
+                return _Assemble.apply(buffer, *parts)
+            return torch.cat(tuple(parts), 1)
+        return func(*args, **kwargs)
+
+    def _batch_norm_silu(self, func, x, bn, residual=None, out=None):
+        if not (self._qualifies(x, bn) and (residual is None or self._alike(residual, x))):
+            return func(x, bn, residual, out)  # as the family wrote it (the mode is off here)
+        if out is not None and not self._fits(out, x):
+            out = None  # written to fresh memory; the concatenation then copies it
         z = _BatchNormSiLU.apply(
-            x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps
-        )
+            x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
+            residual, out,
+        )  # fmt: skip
         if bn.num_batches_tracked is not None:  # the whole step passes None (it counts)
             bn.num_batches_tracked.add_(1)
         return z
+
+    def _dense(self, x: torch.Tensor) -> bool:
+        """A dense channels-last activation on a device the kernels run on."""
+        if x.device.type != "cuda" and not self.interpret:
+            return False
+        if x.dim() != 4 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return False
+        return x.is_contiguous(memory_format=torch.channels_last) and x.numel() > 0
+
+    def _alike(self, residual: torch.Tensor, x: torch.Tensor) -> bool:
+        """A residual the kernel reads as it reads ``x``: dense, same shape and dtype."""
+        return self._dense(residual) and residual.shape == x.shape and residual.dtype == x.dtype
+
+    @staticmethod
+    def _fits(out: torch.Tensor, x: torch.Tensor) -> bool:
+        """``out`` can take the op's output for ``x``: same shape, dtype and device, its rows
+        evenly spaced (:func:`_row_stride`)."""
+        same = out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+        return same and _row_stride(out) is not None
 
     def _qualifies(self, x: torch.Tensor, bn: nn.Module) -> bool:
         if not (isinstance(bn, nn.BatchNorm2d) and bn.training and bn.affine):
             return False
         if bn.running_mean is None or bn.momentum is None:
             return False
-        if x.device.type != "cuda" and not self.interpret:
-            return False
-        if x.dim() != 4 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return False
         stats = (bn.weight, bn.bias, bn.running_mean, bn.running_var)
         if any(t.dtype != torch.float32 or not t.is_contiguous() for t in stats):
             return False
-        return x.is_contiguous(memory_format=torch.channels_last) and x.numel() > 0
+        return self._dense(x)
 
 
 # --------------------------------------------------------------------------- launch plan
@@ -215,7 +251,9 @@ def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
 
 
 # --------------------------------------------------------------------------- the ops
-@torch.library.custom_op("falconet_graphs::bn_silu", mutates_args=("running_mean", "running_var"))
+@torch.library.custom_op(
+    "falconet_graphs::bn_silu", mutates_args=("running_mean", "running_var", "out")
+)
 def bn_silu(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -224,9 +262,13 @@ def bn_silu(
     running_var: torch.Tensor,
     momentum: float,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``silu(batch_norm(x))`` with the batch's statistics, the running ones updated; returns
-    the output, the batch's mean and its 1/std (what the backward reads)."""
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``silu(batch_norm(x))`` with the batch's statistics (plus ``residual``, if given),
+    written to ``out``, the running statistics updated; returns the batch's mean and its
+    1/std (what the backward reads). ``out`` is channels-last with ``x``'s shape, or a slice
+    of a wider channels-last tensor's channels (:func:`_row_stride`)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     p = _plan(x, TILING)
@@ -234,7 +276,6 @@ def bn_silu(
     partial_m2 = torch.empty_like(partial_mean)
     mean = x.new_empty(p.channels, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    z = torch.empty_like(x, memory_format=torch.channels_last)
     k.bn_silu_stats[p.reduce_grid](
         x, partial_mean, partial_m2, p.rows, p.channels, p.per_program, **p.meta("reduce")
     )
@@ -243,15 +284,29 @@ def bn_silu(
         p.rows, p.channels, p.per_program, p.programs, momentum, eps, **p.meta("merge"),
     )  # fmt: skip
     k.bn_silu_normalise[p.map_grid](
-        x, z, mean, rstd, weight, bias, p.rows, p.channels, **p.meta("map")
-    )
-    return z, mean, rstd
+        x, out, mean, rstd, weight, bias, x if residual is None else residual, p.rows,
+        p.channels, _row_stride(out), HAS_RESIDUAL=residual is not None, **p.meta("map"),
+    )  # fmt: skip
+    return mean, rstd
 
 
 @bn_silu.register_fake
-def _(x, weight, bias, running_mean, running_var, momentum, eps):
+def _(x, weight, bias, running_mean, running_var, momentum, eps, residual, out):
     mean = x.new_empty(x.shape[1], dtype=torch.float32)
-    return torch.empty_like(x, memory_format=torch.channels_last), mean, torch.empty_like(mean)
+    return mean, torch.empty_like(mean)
+
+
+def _row_stride(t: torch.Tensor) -> int | None:
+    """The distance between the rows (pixels) of a 4-d tensor whose channels are adjacent and
+    whose pixels are evenly spaced: channels-last, or a slice of a channels-last tensor's
+    channels; None for any other layout."""
+    n, c, h, w = t.shape
+    row = t.stride(3) if w > 1 else t.stride(2) if h > 1 else t.stride(0) if n > 1 else c
+    if c > 1 and t.stride(1) != 1:
+        return None
+    if row < c or (h > 1 and t.stride(2) != w * row) or (n > 1 and t.stride(0) != h * w * row):
+        return None
+    return row
 
 
 @torch.library.custom_op("falconet_graphs::bn_silu_backward", mutates_args=())
@@ -296,19 +351,69 @@ def _(grad_z, x, weight, bias, mean, rstd):
 
 class _BatchNormSiLU(torch.autograd.Function):
     """Autograd for the pair of ops (a custom op that updates the running statistics in place
-    cannot carry an autograd formula of its own)."""
+    cannot carry an autograd formula of its own). ``out``, when given, is written and returned
+    (as an alias: :func:`_alias`); the residual's gradient is the output's."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
-        z, mean, rstd = torch.ops.falconet_graphs.bn_silu(
-            x, weight, bias, running_mean, running_var, momentum, eps
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, residual=None,
+                out=None):  # fmt: skip
+        z = torch.empty_like(x, memory_format=torch.channels_last) if out is None else out
+        mean, rstd = torch.ops.falconet_graphs.bn_silu(
+            x, weight, bias, running_mean, running_var, momentum, eps, residual, z
         )
         ctx.save_for_backward(x, weight, bias, mean, rstd)
-        return z
+        ctx.has_residual = residual is not None
+        return z if out is None else _alias(out)
 
     @staticmethod
     def backward(ctx, grad_z):
         grad_x, grad_weight, grad_bias = torch.ops.falconet_graphs.bn_silu_backward(
             grad_z, *ctx.saved_tensors
         )
-        return grad_x, grad_weight, grad_bias, None, None, None, None
+        grad_residual = grad_z if ctx.has_residual else None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, grad_residual, None
+
+
+class _Assemble(torch.autograd.Function):
+    """A channel concatenation whose parts already lie in order in ``buffer``: the forward
+    returns the buffer, the backward hands each part its slice of the gradient (views; no
+    copy either way)."""
+
+    @staticmethod
+    def forward(ctx, buffer, *parts):
+        ctx.widths = [p.shape[1] for p in parts]
+        return _alias(buffer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, *grad.split(ctx.widths, 1)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory as a tensor of its own to autograd, with its own version counter.
+
+    The parts of a concatenation are written one after another into slices of one buffer,
+    and each write counts as a change to the buffer (the op declares ``out`` mutated). A part
+    returned as a view of the buffer would share the buffer's counter, so the next part's
+    write would look like an in-place change under the earlier part's views (C2f splits its
+    first part in two), which autograd refuses; and marking it dirty would make autograd copy
+    the whole buffer in the backward. The slices never overlap, so no write changes memory
+    that another part's alias sees."""
+    alias = t.new_empty(0)
+    return alias.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+
+def _lies_in(parts, buffer: torch.Tensor) -> bool:
+    """Whether ``parts`` are, in order, views of ``buffer``'s channels that fill it."""
+    first = 0
+    for p in parts:
+        width = p.shape[1]
+        if first + width > buffer.shape[1]:
+            return False
+        slot = buffer[:, first : first + width]
+        if p.dtype != buffer.dtype or p.shape != slot.shape or p.stride() != slot.stride():
+            return False
+        if p.data_ptr() != slot.data_ptr() or p.device != buffer.device:
+            return False
+        first += width
+    return first == buffer.shape[1]

@@ -106,10 +106,12 @@ def bn_silu_stats_merge(
 
 @triton.jit
 def bn_silu_normalise(
-    x_ptr, z_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, rows, channels,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, z_ptr, mean_ptr, rstd_ptr, w_ptr, b_ptr, res_ptr, rows, channels, z_row_stride,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """``z = silu((x - mean) * rstd * w + b)``, stored in the input's dtype."""
+    """``z = silu((x - mean) * rstd * w + b)`` (plus the residual, if there is one), stored in
+    the input's dtype; ``z``'s rows are ``z_row_stride`` apart (a slice of the channels of a
+    wider tensor: the parts of a concatenation written in place)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < channels
@@ -120,7 +122,10 @@ def bn_silu_normalise(
     shift = tl.load(b_ptr + cols, mask=col_ok) - tl.load(mean_ptr + cols, mask=col_ok) * scale
     y = x * scale[None, :] + shift[None, :]
     z = y * tl.sigmoid(y)
-    tl.store(z_ptr + offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
+    if HAS_RESIDUAL:
+        z += tl.load(res_ptr + offsets, mask=ok, other=0.0).to(tl.float32)
+    z_offsets = r[:, None] * z_row_stride + cols[None, :]
+    tl.store(z_ptr + z_offsets, z.to(z_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
