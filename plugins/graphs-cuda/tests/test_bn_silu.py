@@ -256,3 +256,133 @@ def test_tiling_from_the_environment():
     assert tiling_from_env({"FALCONET_BN_SILU_MERGE_ELEMENTS": "2048"}).merge_elements == 2048
     with pytest.raises(ValueError, match="power of two of at least 16"):
         tiling_from_env({"FALCONET_BN_SILU_MERGE_CHANNELS": "8"})
+
+
+# --------------------------------------------------------------------------- in place
+@interpreted
+def test_residual_added_and_output_written_into_a_channel_slice():
+    """With a residual and ``out`` a slice of a wider channels-last buffer's channels: the
+    result lands in that slice (the other channels untouched) and is returned without a
+    copy; output and every gradient, the residual's included, within float32 rounding of
+    ``residual + silu(batch_norm(x))`` in float64."""
+    torch.manual_seed(5)
+    shape = (2, 16, 7, 5)
+    x = (torch.randn(shape) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
+    res = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    dz = torch.randn(shape)
+    buffer = torch.full((2, 40, 7, 5), float("nan")).contiguous(memory_format=torch.channels_last)
+    bn, reference = _bn(16), _bn(16).double()
+    xs, rs = x.clone().requires_grad_(), res.clone().requires_grad_()
+    with FusedBatchNormSiLU(interpret=True):
+        z = ops.batch_norm_silu(xs, bn, rs, buffer[:, 8:24])
+    assert z.data_ptr() == buffer[:, 8:24].data_ptr()
+    assert buffer[:, :8].isnan().all() and buffer[:, 24:].isnan().all()
+    got = (z, *torch.autograd.grad(z, (xs, bn.weight, bn.bias, rs), dz))
+    xd, rd = x.double().requires_grad_(), res.double().requires_grad_()
+    want_z = rd + F.silu(reference(xd))
+    want = (want_z, *torch.autograd.grad(want_z, (xd, reference.weight, reference.bias, rd), dz))
+    for name, a, b in zip(("z", "dx", "dw", "db", "dres"), got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def _plain_c2f(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """C2f as written before its parts went in place: split, blocks, concatenation."""
+    y = list(block.cv1(x).chunk(2, 1))
+    for b in block.m:
+        y.append(b(y[-1]))
+    return block.cv2(torch.cat(y, 1))
+
+
+@interpreted
+@pytest.mark.parametrize(("shortcut", "n"), [(True, 2), (False, 1)])
+def test_c2f_joins_its_parts_without_copying_them(shortcut, n):
+    """Under the mode C2f's parts are written into the concatenation's buffer and the
+    bottlenecks' residuals added by the fused op: no ``cat`` and no ``add`` dispatched in
+    the forward; outputs, every parameter's gradient and the running statistics within
+    rounding of the plain block's."""
+    from falconet_detect.blocks import C2f
+
+    torch.manual_seed(6)
+    block = C2f(8, 32, n, shortcut).train().to(memory_format=torch.channels_last)
+    plain = C2f(8, 32, n, shortcut).train().to(memory_format=torch.channels_last)
+    plain.load_state_dict(block.state_dict())
+    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
+    seen = _Ops()
+    with FusedBatchNormSiLU(interpret=True), seen:
+        y = block(x)
+    assert "aten.cat" not in seen.names and "aten.add" not in seen.names
+    assert seen.names.count("falconet_graphs.bn_silu") == 2 + 2 * n
+    y_ref = _plain_c2f(plain, x)
+    grads = torch.autograd.grad(y.square().sum(), list(block.parameters()))
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), list(plain.parameters()))
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    for (name, _), g, r in zip(block.named_parameters(), grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4, msg=name)
+    for a, b in zip(block.buffers(), plain.buffers(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _leaf_slices(buffer: torch.Tensor, widths) -> list[torch.Tensor]:
+    """Slices of ``buffer``'s channels as leaves that take gradients, as the fused op
+    returns its outputs (aliases of the slices)."""
+    parts, first = [], 0
+    for w in widths:
+        parts.append(bn_silu._alias(buffer[:, first : first + w]).requires_grad_())
+        first += w
+    return parts
+
+
+def test_concatenation_returns_the_buffer_when_its_parts_lie_in_it():
+    """``concat_channels`` of parts lying in order in the mode's buffer is the buffer itself:
+    no copy dispatched, and each part's gradient is its slice of the output's. Parts out of
+    order, or one elsewhere, are concatenated by copying, to the same values."""
+    torch.manual_seed(7)
+    like = torch.randn(2, 4, 3, 5).contiguous(memory_format=torch.channels_last)
+    with FusedBatchNormSiLU(interpret=True):
+        buffer = ops.concat_buffer(like, 10)
+    assert buffer.shape == (2, 10, 3, 5) and buffer.dtype == like.dtype
+    assert buffer.is_contiguous(memory_format=torch.channels_last)
+    buffer.copy_(torch.randn(2, 10, 3, 5))
+    parts = _leaf_slices(buffer, (4, 2, 4))
+    grad = torch.randn(2, 10, 3, 5)
+    seen = _Ops()
+    with FusedBatchNormSiLU(interpret=True), seen:
+        joined = ops.concat_channels(parts, buffer)
+    assert "aten.cat" not in seen.names
+    assert joined.data_ptr() == buffer.data_ptr() and torch.equal(joined, buffer)
+    got = torch.autograd.grad(joined, parts, grad)
+    assert all(torch.equal(g, w) for g, w in zip(got, grad.split((4, 2, 4), 1), strict=True))
+    elsewhere = torch.randn(2, 4, 3, 5, requires_grad=True)
+    for other in ([parts[1], parts[0], parts[2]], [parts[0], parts[1], elsewhere]):
+        seen = _Ops()
+        with FusedBatchNormSiLU(interpret=True), seen:
+            joined = ops.concat_channels(other, buffer)
+        assert "aten.cat" in seen.names and torch.equal(joined, torch.cat(other, 1))
+
+
+def test_without_the_mode_the_ops_are_the_familys():
+    """Run as is: no buffer, a plain concatenation, and the residual added after the SiLU
+    (the family's ``x + silu(bn(x))``), bit for bit."""
+    bn = _bn(8)
+    x = torch.randn(2, 8, 4, 4)
+    res = torch.randn(2, 8, 4, 4)
+    assert ops.concat_buffer(x, 16) is None
+    assert torch.equal(ops.concat_channels([x, res]), torch.cat([x, res], 1))
+    assert torch.equal(ops.batch_norm_silu(x, bn, res), res + F.silu(_bn(8)(x)))
+
+
+@pytest.mark.parametrize(
+    ("shape", "index", "stride"),
+    [
+        ((2, 40, 7, 5), slice(8, 24), 40),  # a slice of a channels-last tensor's channels
+        ((2, 16, 7, 5), slice(None), 16),  # channels-last itself
+        ((3, 24, 1, 1), slice(4, 12), 24),  # one pixel
+    ],
+)
+def test_row_stride_of_a_channel_slice(shape, index, stride):
+    """The row stride the normalising kernel writes with: a channels-last tensor's channel
+    count (that of the whole tensor for a slice); None for a layout whose pixels are not
+    evenly spaced rows of adjacent channels (NCHW)."""
+    t = torch.empty(shape).contiguous(memory_format=torch.channels_last)[:, index]
+    assert bn_silu._row_stride(t) == stride
+    assert bn_silu._row_stride(torch.empty(2, 16, 7, 5)[:, 4:12]) is None

@@ -89,7 +89,10 @@ class C2f(nn.Module):
             ops.batch_norm_silu(z, self.cv1.bn, None, self._slot(buffer, 0, 2)).chunk(2, 1)
         )
         for i, block in enumerate(self.m):
-            parts.append(block(_dense(parts[-1]), self._slot(buffer, 2 + i, 1)))
+            dense = _dense(parts[-1])
+            if buffer is None:  # joined as read: the gradients add up in the order they did
+                parts[-1] = dense
+            parts.append(block(dense, self._slot(buffer, 2 + i, 1)))
         return self.cv2(ops.concat_channels(parts, buffer))
 
     def _slot(self, buffer: torch.Tensor | None, first: int, count: int) -> torch.Tensor | None:
