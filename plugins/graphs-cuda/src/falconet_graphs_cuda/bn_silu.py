@@ -12,7 +12,11 @@ measures.
 it answers for :func:`falconet.ops.batch_norm_silu` when the BatchNorm trains with running
 statistics and a momentum and the input is a dense channels-last (or NCHW with one pixel)
 tensor on the GPU; anything else runs as the family wrote it. Evaluation, where BatchNorm
-uses its running statistics, never comes here.
+uses its running statistics, never comes here. It also answers for
+:func:`falconet.ops.concat_buffer` and :func:`falconet.ops.concat_channels`: the op writes
+each part of a channel concatenation (C2f's) straight into its channels of one buffer, a
+bottleneck's residual added in the same kernel, and the concatenation is then the buffer,
+with no copy (docs/performance.md, "Kept: C2f's parts written in place").
 """
 
 from __future__ import annotations

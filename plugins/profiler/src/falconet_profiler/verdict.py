@@ -41,7 +41,7 @@ THRESHOLDS: dict[str, float] = {
 
 FUSED_STEP = (
     "with fuse=inductor-loss and bn_silu=triton the fp16 whole step of yolo-n at batch 16 on an "
-    "H200 took 8.1-8.6 ms against 10.2-10.3 exact, and kept the mAP on the overfit check of "
+    "H200 took 7.7-7.9 ms against 10.2-10.4 exact, and kept the mAP on the overfit check of "
     "docs/performance.md (four seeds: 0.486 against 0.487 mean mAP50-95); not bit for bit"
 )
 """What the fastest step that kept the mAP did (the fused levers' reason quotes it; the
