@@ -287,7 +287,7 @@ def bn_silu(
         partial_mean, partial_m2, mean, rstd, running_mean, running_var,
         p.rows, p.channels, p.per_program, p.programs, momentum, eps, **p.meta("merge"),
     )  # fmt: skip
-    k.bn_silu_normalise[p.map_grid](
+    k.bn_silu_normalise[p.map_grid](  # without a residual, x stands in for its (unread) pointer
         x, out, mean, rstd, weight, bias, x if residual is None else residual, p.rows,
         p.channels, _row_stride(out), HAS_RESIDUAL=residual is not None, **p.meta("map"),
     )  # fmt: skip
