@@ -386,3 +386,38 @@ def test_row_stride_of_a_channel_slice(shape, index, stride):
     t = torch.empty(shape).contiguous(memory_format=torch.channels_last)[:, index]
     assert bn_silu._row_stride(t) == stride
     assert bn_silu._row_stride(torch.empty(2, 16, 7, 5)[:, 4:12]) is None
+
+
+@interpreted
+def test_the_family_network_trains_through_the_mode():
+    """yolo-n's whole training pass under the mode: every C2f's concatenation is gone from
+    the dispatched ops (the neck's, SPPF's and the head's stay), and the loss and every
+    parameter's gradient are within rounding of PyTorch's kernels' (float32; the fused op
+    sums in other orders through 57 layers)."""
+    import contextlib
+    import copy
+
+    from falconet_detect.blocks import C2f
+    from falconet_detect.family import YoloFamily
+
+    torch.manual_seed(8)
+    net = YoloFamily().build_model("yolo-n", num_classes=5).train()
+    net = net.to(memory_format=torch.channels_last)
+    plain = copy.deepcopy(net)
+    images = torch.rand(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    results = []
+    for model, mode in (
+        (net, FusedBatchNormSiLU(interpret=True)),
+        (plain, contextlib.nullcontext()),
+    ):
+        seen = _Ops()
+        with mode, seen:
+            box, cls, _, _ = model(images)
+        loss = box.float().square().mean() + cls.float().sigmoid().sum()
+        results.append((loss, torch.autograd.grad(loss, list(model.parameters())), seen.names))
+    (loss, grads, names), (loss_ref, grads_ref, names_ref) = results
+    c2f_blocks = sum(isinstance(m, C2f) for m in net.modules())
+    assert names.count("aten.cat") == names_ref.count("aten.cat") - c2f_blocks
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    for (name, _), g, r in zip(net.named_parameters(), grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-3 * r.abs().max().item(), msg=name)
