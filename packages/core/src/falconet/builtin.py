@@ -1,7 +1,8 @@
 """falconet's own plugin: registered through the same manager as every external plugin.
 
-It provides the precision backends, the ``eager`` dispatch, the reference ``pycocotools`` eval
-backend and the core's CLI commands, so the core has no private path around the registries.
+It provides the precision backends, the ``eager`` and ``compile`` graph backends (and
+``compile``'s key), the reference ``pycocotools`` eval backend, the loggers and the core's CLI
+commands, so the core has no private path around the registries.
 """
 
 from __future__ import annotations
@@ -17,11 +18,24 @@ def register_precision_backends(register: Register) -> None:
 
 
 def register_graph_backends(register: Register) -> None:
-    from falconet.compile_dispatch import CompileDispatch
-    from falconet.dispatch import EagerDispatch
+    from falconet.graph_backends.compile import CompileBackend
+    from falconet.graph_backends.eager import EagerBackend
 
-    register(EagerDispatch())
-    register(CompileDispatch())
+    register(EagerBackend())
+    register(CompileBackend())
+
+
+def register_train_keys(register: Register) -> None:
+    from falconet.graph_backends.compile import COMPILE_KEYS
+
+    register(COMPILE_KEYS)
+
+
+def register_callbacks(register: Register) -> None:
+    from falconet.training.callbacks import LOGGERS
+
+    for logger in LOGGERS:
+        register(logger)
 
 
 def register_eval_backends(register: Register) -> None:

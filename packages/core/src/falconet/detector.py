@@ -15,7 +15,7 @@ import torch
 from falconet.evaluation.contract import EvalResult
 from falconet.plugins import Plugins, get_plugins
 from falconet.training.checkpoint import load_checkpoint
-from falconet.training.config import TrainConfig, build_config, check_keys
+from falconet.training.config import TrainConfig, build_config, check_keys, config_model
 
 
 class Detector:
@@ -39,38 +39,26 @@ class Detector:
     def train(self, **keys: Any) -> dict[str, Any]:
         """Train with the keys of ``falconet train --help``; returns the summary (run folder,
         best metrics, per-class AP). Afterwards this detector holds the best weights."""
-        from falconet.training.callbacks import (
-            ConsoleProgress,
-            CSVLogger,
-            PlotWriter,
-            TensorBoardLogger,
-            tensorboard_available,
-        )
-        from falconet.training.setup import callback_names, plan_run
+        from falconet.training.planning import build_callbacks, plan_run
         from falconet.training.trainer import Trainer
 
         base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
         plan = plan_run(keys, self.plugins, base_model=self.model_name, base_weights=base_weights)
-        callbacks: list[Any] = [CSVLogger(), ConsoleProgress()]
-        if plan.config.plots:
-            callbacks.append(PlotWriter())
-        if tensorboard_available():
-            callbacks.append(TensorBoardLogger())
-        callbacks += [self.plugins.callbacks.get(name)() for name in callback_names(plan.config)]
-        trainer = Trainer(plan, self.plugins, callbacks)
+        trainer = Trainer(plan, self.plugins, build_callbacks(plan.config, self.plugins))
         summary = trainer.fit()
         best = Path(summary["run_dir"]) / "weights" / "best.pt"
         if best.exists():
             self.checkpoint = load_checkpoint(best)
-            self.family, self.model_name, self._module = trainer.family, plan.model_name, None
+            self.family, self.model_name, self._module = plan.family, plan.model_name, None
         return summary
 
     # ------------------------------------------------------------------- weights, devices
     def _config(self, keys: dict[str, Any]) -> TrainConfig:
-        check_keys(keys)
+        model = config_model(self.plugins)
+        check_keys(keys, model)
         saved = dict(self.checkpoint["config"]) if self.checkpoint else {}
         saved.pop("resume", None)
-        return build_config(saved, keys)
+        return build_config(model, saved, keys)
 
     def module(self, device: torch.device) -> torch.nn.Module:
         """The network with this detector's weights, in eval mode, on ``device``."""
@@ -95,8 +83,9 @@ class Detector:
         """COCO evaluation on ``data``'s val split (default: the data it was trained on)."""
         from falconet.data.resolve import load_dataset
         from falconet.training import validation
-        from falconet.training.components import choose_precision, resolve_device
-        from falconet.training.setup import build_val_loader
+        from falconet.training.backends import choose_precision
+        from falconet.training.devices import resolve_device
+        from falconet.training.loaders import build_val_loader
 
         cfg = self._config({**keys, "val": True})
         device = resolve_device(cfg.device)
@@ -140,7 +129,7 @@ class Detector:
         """Detections per image: ``{path, boxes [N, 4] xyxy original pixels, scores, labels,
         names}``, or ``{path, error}`` for an image that cannot be read."""
         from falconet.predict import image_sources, predict_images
-        from falconet.training.components import resolve_device
+        from falconet.training.devices import resolve_device
 
         cfg = self._config({"device": device, **({"imgsz": imgsz} if imgsz else {})})
         torch_device = resolve_device(cfg.device)

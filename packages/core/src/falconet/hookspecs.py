@@ -102,3 +102,16 @@ def register_callbacks(register: Register) -> None:
 
     Called once when the plugins are loaded. The return value is ignored.
     """
+
+
+@hookspec
+def register_train_keys(register: Register) -> None:
+    """Register training keys of the plugin's own (:class:`falconet.keys.KeyGroup`).
+
+    :param register: call ``register(KeyGroup(name, summary, keys))`` once per group; every
+        field of the pydantic model ``keys`` becomes a training key (``falconet train
+        --help`` lists it with the plugin's distribution; ``args.yaml`` saves it). A key the
+        core or another plugin already declares is refused with both named.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """

@@ -9,9 +9,9 @@ the attributes below, with the plugin named. Conventions shared by all kinds:
 * labels: contiguous class indices ``0..C-1``, ``int64``;
 * ground truth in a batch is *padded*: ``boxes [B, M, 4]``, ``labels [B, M]`` and a
   ``counts [B]`` (``int64``) of real boxes per image, so model, assigner and loss code is
-  static-shaped (``M`` depends on the batch's bucket, never on Python-side data inspection);
-  the loader adds the same boxes per box, ``box_images [N]`` and ``box_slots [N]``
-  (:mod:`falconet.data.targets`), for code that works on the real boxes only.
+  static-shaped (``M`` depends on the batch's bucket, never on Python-side data inspection),
+  with the same boxes per box, ``box_images [N]`` and ``box_slots [N]``, for code that works
+  on the real boxes only: :class:`falconet.data.targets.Targets` holds both views.
 
 Every item carries ``name`` (what users type) and ``summary`` (one line for
 ``falconet plugins list``). Torch is imported only for type checking here, so importing this
@@ -23,12 +23,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
+    from pydantic import BaseModel
     from torch import nn
 
+    from falconet.loss_scaler import LossScaler
+    from falconet.training.config import TrainConfig
+    from falconet.training.step import StepParts, TrainStep
+
+    KeysT = TypeVar("KeysT", bound=BaseModel)
+
+    from falconet.data.targets import Targets
     from falconet.evaluation.contract import Detections, EvalResult, GroundTruth
 
 
@@ -55,8 +63,10 @@ class ModelFamily(Protocol):
     def build_loss(self, model: nn.Module, assigner: Assigner) -> Callable[..., Any]:
         """Return ``loss(outputs, targets) -> (total [], parts {name: []})`` using ``assigner``.
 
-        ``targets`` is the padded ground truth of the module docstring. ``total`` is a scalar
-        normalised so it does not depend on the world size (DDP averages gradients).
+        ``outputs`` is what the model returns; ``targets`` a
+        :class:`falconet.data.targets.Targets` (the padded ground truth of the module
+        docstring). ``total`` is a scalar normalised so it does not depend on the world size
+        (DDP averages gradients).
         """
         ...
 
@@ -64,9 +74,11 @@ class ModelFamily(Protocol):
         """Training keys this model trains best with (``optimizer``, ``lr0``, ``imgsz``, ...)."""
         ...
 
-    # Optional: ``static_loss(assigner) -> bool``, whether the loss built with that assigner
-    # is static-shaped and free of host synchronisation for a fixed input shape and target
-    # bucket, so a graph backend may capture the whole step (absent: no).
+    def static_loss(self, assigner: str) -> bool:
+        """Whether the loss built with the assigner named ``assigner`` is static-shaped and
+        free of host synchronisation for a fixed input shape and target bucket, so a graph
+        backend may capture the whole step (``False`` when unsure)."""
+        ...
 
     def capture_region(self, model: nn.Module) -> nn.Module | None:
         """The submodule a graph backend may capture or compile, or ``None`` for none.
@@ -96,7 +108,23 @@ class ModelFamily(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class Predictions:
+    """What an assigner sees of the network's predictions, per anchor (detached).
+
+    ``scores [B, A, C] float32``: class probabilities (after sigmoid); ``boxes [B, A, 4]
+    float32``: predicted boxes, xyxy pixels; ``anchor_points [A, 2]``: anchor centres ``(x,
+    y)`` in pixels; ``anchor_strides [A, 1]``: the stride of each anchor's level in pixels
+    (for rules in strides, such as SimOTA's centre radius).
+    """
+
+    scores: torch.Tensor
+    boxes: torch.Tensor
+    anchor_points: torch.Tensor
+    anchor_strides: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
 class Assignment:
     """What an assigner returns: per-anchor training targets, all ``[B, A, ...]``.
 
@@ -118,34 +146,12 @@ class Assigner(Protocol):
     name: str
     summary: str
 
-    def __call__(
-        self,
-        pred_scores: torch.Tensor,
-        pred_boxes: torch.Tensor,
-        anchor_points: torch.Tensor,
-        gt_boxes: torch.Tensor,
-        gt_labels: torch.Tensor,
-        gt_counts: torch.Tensor,
-        anchor_strides: torch.Tensor | None = None,
-        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> Assignment:
-        """Assign ground truth to anchors.
+    def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
+        """Assign ground truth to anchors: each anchor gets at most one real box of its image.
 
-        :param pred_scores: ``[B, A, C]`` class probabilities (after sigmoid), detached.
-        :param pred_boxes: ``[B, A, 4]`` predicted boxes, xyxy pixels, detached.
-        :param anchor_points: ``[A, 2]`` anchor centres ``(x, y)`` in pixels.
-        :param gt_boxes: ``[B, M, 4]`` padded ground-truth boxes, xyxy pixels.
-        :param gt_labels: ``[B, M]`` padded labels, ``int64``.
-        :param gt_counts: ``[B]`` number of real boxes per image, ``int64``.
-        :param anchor_strides: ``[A, 1]`` the stride of each anchor's level, in pixels (for
-            assigners whose rules are in strides, such as SimOTA's centre radius).
-        :param box_rows: ``(box_images [N], box_slots [N])``, the batch's real boxes
-            (:mod:`falconet.data.targets`), when the loss has them; an assigner may use them
-            to work on ``N`` boxes instead of ``B x M`` slots, and must give the same
-            assignment either way, or ignore them. One without this parameter is called
-            without it.
-
-        Each anchor is assigned at most one ground-truth box.
+        ``targets`` carries both views of the boxes (:class:`falconet.data.targets.Targets`):
+        an assigner may work on the ``N`` real boxes or on the ``B x M`` slots; padding (slots
+        past ``counts``, rows of image ``B``) must change nothing.
         """
         ...
 
@@ -160,10 +166,14 @@ class EvalBackend(Protocol):
     the 12 COCO stats under ``AP AP50 AP75 APs APm APl AR1 AR10 AR100 ARs ARm ARl``, per-class
     AP and AP50 keyed by category name, and the backend's name and version. Input is validated
     before a backend sees it (every detection's image and category id is in the ground truth).
+
+    ``priority`` orders ``eval_backend=auto``: the installed backend of highest priority whose
+    library imports is used (the reference ``pycocotools`` has priority 0).
     """
 
     name: str
     summary: str
+    priority: int
 
     def version(self) -> str:
         """The version of the library doing the work; imports it, so it raises
@@ -196,8 +206,10 @@ class PrecisionBackend(Protocol):
         """The context the forward pass and loss run under."""
         ...
 
-    def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
-        """A gradient scaler when the format needs loss scaling (fp16), else ``None``."""
+    def grad_scaler(self, device: torch.device) -> LossScaler | None:
+        """A loss scaler when the format needs loss scaling (fp16), else ``None``: a
+        :class:`falconet.loss_scaler.LossScaler`, which a graph backend can drive on the
+        device."""
         ...
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -206,13 +218,13 @@ class PrecisionBackend(Protocol):
 
 
 @dataclass(frozen=True)
-class DispatchContext:
-    """What a graph backend may inspect before it agrees to dispatch the network.
+class GraphContext:
+    """What a graph backend may inspect before it agrees to run the step.
 
     ``capture_region`` is the family's declared region (``None``: the family declares none);
     ``world_size`` is 1 outside distributed runs; ``options`` holds the run's resolved training
-    keys, so a backend reads its own (``compile_mode`` for ``compile``); ``static_loss`` says
-    whether the family declares its loss static-shaped with the run's assigner (see
+    keys, among them the backend's own (read them typed with :meth:`keys`); ``static_loss``
+    says whether the family declares its loss static-shaped with the run's assigner (see
     :class:`ModelFamily`), which a backend capturing the whole step needs.
     """
 
@@ -223,35 +235,40 @@ class DispatchContext:
     options: Mapping[str, Any] = field(default_factory=dict)
     static_loss: bool = False
 
+    def keys(self, model: type[KeysT]) -> KeysT:
+        """The run's values of the keys ``model`` declares (a plugin's
+        :class:`falconet.keys.KeyGroup` model), validated; defaults where the run has none."""
+        return model.model_validate(
+            {k: self.options[k] for k in model.model_fields if k in self.options}
+        )
+
 
 @runtime_checkable
 class GraphBackend(Protocol):
-    """How the network call is dispatched: eagerly, compiled, or replayed from a CUDA graph.
+    """How a training step runs: op by op, compiled, or replayed from CUDA graphs.
 
-    Optionally a backend also takes over the whole step: ``wrap_step(trainer)`` returns a
-    callable ``runner(images, targets, *, optimizer_step) -> (loss, parts) | None`` that the
-    trainer calls in place of its step (the trainer has applied the learning-rate schedule to
-    its optimizer before an updating batch and counts the update); ``None`` means "run this
-    batch eagerly". The runner must leave the trainer's model, optimizer state and EMA as the
-    eager step would, so checkpoints and resume do not depend on the backend.
+    The backend receives the step's parts (:class:`falconet.training.step.StepParts`) and
+    returns a :class:`falconet.training.step.TrainStep`; it never sees the trainer. A backend
+    that dispatches only the network gives :class:`falconet.training.step.EagerStep` its
+    network callable; one that takes over the whole step keeps an eager step for the batches
+    it does not replay. Either way the step leaves the model, optimizer state, scaler and EMA
+    as the eager step would, so checkpoints and resume do not depend on the backend.
 
-    A wrapper or runner that records graphs as it goes may expose ``counts``, a dict whose
-    ``recorded`` and ``failed`` entries count its captures: falconet-profiler starts its
-    window only after they stop changing, so a capture is not timed as a training step. A
-    runner may also expose ``pending`` (bool), true while it will record but has not yet (its
-    batches run eagerly meanwhile): the profiler waits that out too, so it does not time the
-    eager steps as the backend's.
+    ``priority`` orders ``graph=auto``: the installed backend of highest priority that does not
+    decline is used (``None``: never chosen by ``auto``, only by name). The built-in ``eager``
+    has priority 0 and never declines.
     """
 
     name: str
     summary: str
+    priority: int | None
 
-    def decline_reason(self, context: DispatchContext) -> str | None:
+    def decline_reason(self, context: GraphContext) -> str | None:
         """``None`` to accept, else the one log line saying why it declines here."""
         ...
 
-    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
-        """Return a callable with the network's signature that dispatches it this way."""
+    def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
+        """The step that trains with ``parts`` this way."""
         ...
 
 
@@ -261,8 +278,9 @@ class Callback(Protocol):
 
     Methods: ``on_train_start``, ``on_epoch_start``, ``on_step_end`` (after each batch),
     ``on_val_end(result)``, ``on_epoch_end(row)`` (the epoch's results.csv row),
-    ``on_train_end``, ``on_exception(exc)``; each receives the trainer first. Callbacks read
-    state the trainer already has on the host; they must not synchronise the device per step.
+    ``on_train_end``, ``on_exception(exc)``; each receives the run's typed view first
+    (:class:`falconet.training.run_state.RunState`). Callbacks read what the run already has on
+    the host; they must not synchronise the device per step.
     """
 
     name: str
@@ -270,9 +288,16 @@ class Callback(Protocol):
 
 @runtime_checkable
 class CallbackFactory(Protocol):
-    """What ``register_callbacks`` registers: ``factory(**options) -> Callback``."""
+    """What ``register_callbacks`` registers: ``factory(**options) -> Callback``.
+
+    ``wanted(config)`` says whether a run adds the callback without ``callbacks=`` naming it
+    (the core's loggers: always, or when ``plots``; the profiler: when its ``profile`` key is
+    on); a callback only added by name returns ``False``.
+    """
 
     name: str
     summary: str
+
+    def wanted(self, config: TrainConfig) -> bool: ...
 
     def __call__(self, **options: Any) -> Callback: ...

@@ -36,6 +36,15 @@ KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
     "callbacks": {
         "profiler": "falconet-profiler",
     },
+    "train_keys": {
+        "fuse": "falconet-graphs-cuda",
+        "wgrad_stream": "falconet-graphs-cuda",
+        "bn_silu": "falconet-graphs-cuda",
+        "profile": "falconet-profiler",
+        "profile_warmup": "falconet-profiler",
+        "profile_steps": "falconet-profiler",
+        "profile_then_stop": "falconet-profiler",
+    },
 }
 
 

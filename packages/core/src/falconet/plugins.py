@@ -22,6 +22,7 @@ import click
 import pluggy
 
 from falconet import __version__, hookspecs, interfaces
+from falconet.keys import KeyGroup
 from falconet.known_plugins import known_provider
 from falconet.registry import Entry, Provenance, Registry
 
@@ -89,6 +90,7 @@ def _registries() -> dict[str, Registry[Any]]:
             Registry("graph_backends", "graph backend", "graph", interfaces.GraphBackend),
             Registry("commands", "command", "command", click.Command),
             Registry("callbacks", "callback", "callbacks", interfaces.CallbackFactory),
+            Registry("train_keys", "training-key group", "key group", KeyGroup),
         )
     }
 
@@ -164,6 +166,10 @@ class Plugins:
     @property
     def callbacks(self) -> Registry[interfaces.CallbackFactory]:
         return self.registries["callbacks"]
+
+    @property
+    def train_keys(self) -> Registry[KeyGroup]:
+        return self.registries["train_keys"]
 
     def registered_by(self, plugin: str) -> dict[str, list[Entry[Any]]]:
         """Per kind, the entries ``plugin`` registered (kinds with none left out)."""

@@ -1,7 +1,8 @@
 """The built-in precision backends: ``fp32``, ``fp16`` (with loss scaling) and ``bf16``.
 
-Each is an autocast context plus, for fp16, a gradient scaler; the model itself stays in fp32
-(master weights), so none of them wraps the model. Torch is imported inside the methods, so
+Each is an autocast context plus, for fp16, a loss scaler
+(:class:`falconet.loss_scaler.LossScaler`); the model itself stays in fp32 (master weights),
+so none of them wraps the model. Torch is imported inside the methods, so
 registering these costs nothing at plugin load.
 """
 
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from falconet.loss_scaler import LossScaler
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,10 @@ class AutocastPrecision:
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=getattr(torch, self.dtype))
 
-    def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
-        import torch
+    def grad_scaler(self, device: torch.device) -> LossScaler | None:
+        from falconet.loss_scaler import LossScaler
 
-        return torch.amp.GradScaler(device.type) if self.scaled else None
+        return LossScaler(device.type) if self.scaled else None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model

@@ -36,6 +36,7 @@ class HotcocoBackend:
 
     name = "hotcoco"
     summary = "COCO evaluation in Rust (hotcoco), fed arrays; pycocotools' numbers"
+    priority = 20  # eval_backend=auto: the fastest of the bundled backends (docs/evaluation.md)
 
     def _library(self) -> Any:
         return require_library(

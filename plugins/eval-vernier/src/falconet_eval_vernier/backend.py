@@ -32,6 +32,7 @@ class VernierBackend:
 
     name = "vernier"
     summary = "COCO evaluation in Rust (vernier, strict parity mode), fed arrays"
+    priority = 10  # eval_backend=auto: between hotcoco and pycocotools (docs/evaluation.md)
 
     def _library(self) -> Any:
         return require_library(

@@ -1,5 +1,5 @@
-"""falconet plugin: the ``cuda-graph`` and ``whole-step`` graph backends (torch is imported
-only when one is used)."""
+"""falconet plugin: the ``cuda-graph`` and ``whole-step`` graph backends and their keys (torch
+is imported only when one is used)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from falconet.registry import Register
 
 
 def register_graph_backends(register: Register) -> None:
-    from falconet_graphs_cuda.backend import CudaGraphDispatch, WholeStepDispatch
+    from falconet_graphs_cuda.backend import CudaGraphBackend, WholeStepBackend
 
-    register(CudaGraphDispatch())
-    register(WholeStepDispatch())
+    register(CudaGraphBackend())
+    register(WholeStepBackend())
+
+
+def register_train_keys(register: Register) -> None:
+    from falconet_graphs_cuda.keys import GRAPHS_CUDA_KEYS
+
+    register(GRAPHS_CUDA_KEYS)

@@ -8,26 +8,27 @@ would skip) and for a family that declares no capture region.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from falconet.interfaces import DispatchContext
+from falconet.interfaces import GraphContext
 
 if TYPE_CHECKING:
-    from torch import nn
+    from falconet.training.step import StepParts, TrainStep
 
 CAPTURE_AFTER = 3
 """A shape is recorded on its third call: the first calls warm the allocator and cuDNN, and a
 shape seen once (a partial last batch) never pays for a capture."""
 
 
-class CudaGraphDispatch:
-    """Record the network per input shape after it repeats; replay the recording."""
+class CudaGraphBackend:
+    """Record the network per input shape after it repeats; replay the recording. Replays
+    are bit for bit the eager step (docs/performance.md), so ``graph=auto`` may choose it."""
 
     name = "cuda-graph"
     summary = "CUDA-graph capture of the network's forward and backward, per input shape"
+    priority = 10
 
-    def decline_reason(self, context: DispatchContext) -> str | None:
+    def decline_reason(self, context: GraphContext) -> str | None:
         if context.device.type != "cuda":
             return f"CUDA graphs need a CUDA device, and this run is on {context.device.type}"
         if context.world_size > 1:
@@ -36,23 +37,27 @@ class CudaGraphDispatch:
             return "the model family declares no capture region"
         return None
 
-    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
+    def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
+        from falconet.training.step import EagerStep
         from falconet_graphs_cuda.graphed import GraphedNetwork
         from falconet_graphs_cuda.recording import CudaRecorder
 
-        return GraphedNetwork(network, CudaRecorder(), capture_after=CAPTURE_AFTER)
+        network = GraphedNetwork(parts.model, CudaRecorder(), capture_after=CAPTURE_AFTER)
+        return EagerStep(parts, network, network.stats)
 
 
-class WholeStepDispatch:
-    """Record the whole step (forward, loss, backward, clip, SGD, EMA) per input shape and
-    target bucket; replay it. Needs a family whose loss is static-shaped with the run's
-    assigner (YOLO with ``tal``)."""
+class WholeStepBackend:
+    """Record the whole step (forward, loss, backward, clip, SGD or AdamW, EMA) per input
+    shape and target bucket; replay it. Needs a family whose loss is static-shaped with the
+    run's assigner (YOLO with ``tal``). Its default step is bit for bit the eager step with
+    SGD (docs/performance.md), so ``graph=auto`` prefers it."""
 
     name = "whole-step"
-    summary = "CUDA-graph capture of the whole training step (static-shaped loss, bf16/fp32)"
+    summary = "CUDA-graph capture of the whole training step (static-shaped loss)"
+    priority = 20
 
-    def decline_reason(self, context: DispatchContext) -> str | None:
-        reason = CudaGraphDispatch().decline_reason(context)
+    def decline_reason(self, context: GraphContext) -> str | None:
+        reason = CudaGraphBackend().decline_reason(context)
         options = context.options
         if reason is not None:
             return reason
@@ -73,11 +78,10 @@ class WholeStepDispatch:
             return "SGD without momentum is not captured (the update reads momentum buffers)"
         return None
 
-    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
-        return network  # batches not (yet) recorded run the trainer's eager step
-
-    def wrap_step(self, trainer: Any) -> Any:
+    def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
+        from falconet_graphs_cuda.keys import GraphsCudaKeys
         from falconet_graphs_cuda.recording import CudaStepRecorder
-        from falconet_graphs_cuda.whole_step import WholeStepRunner
+        from falconet_graphs_cuda.whole_step import WholeStep
 
-        return WholeStepRunner(trainer, CudaStepRecorder(), capture_after=CAPTURE_AFTER)
+        keys = context.keys(GraphsCudaKeys)
+        return WholeStep(parts, keys, CudaStepRecorder(), capture_after=CAPTURE_AFTER)

@@ -46,6 +46,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from falconet.training.step import CaptureStats
+
 log = logging.getLogger("falconet.train")
 
 
@@ -171,6 +173,16 @@ class GraphedNetwork:
         self.counts["replayed"] += 1
         outputs = _Replay.apply(recording, images, *self.params)
         return tree_unflatten(list(outputs), recording.spec)
+
+    def stats(self) -> CaptureStats:
+        """The recordings so far (:class:`falconet.training.step.CaptureStats`)."""
+        counts = self.counts
+        return CaptureStats(
+            recorded=counts["recorded"],
+            failed=counts["failed"],
+            replayed=counts["replayed"],
+            eager=counts["eager"],
+        )
 
     def _eager(self, images: torch.Tensor) -> Any:
         self.counts["eager"] += 1

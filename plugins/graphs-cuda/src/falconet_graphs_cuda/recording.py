@@ -32,9 +32,10 @@ Leaves made inside the capture have their nodes made on the capture stream.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +43,9 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_flatten
 
 from falconet_graphs_cuda.graphed import GradStrides, grad_buffer
+
+if TYPE_CHECKING:
+    from falconet.data.targets import Targets
 
 
 @dataclass
@@ -157,10 +161,10 @@ class CudaMicro:
         self.images, self.targets = images, targets
         self.loss, self.parts, self.graph = loss, parts, graph
 
-    def replay(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
+    def replay(self, images: torch.Tensor, targets: Targets):
         self.images.copy_(images)
-        for name, static in self.targets.items():
-            static.copy_(targets[name])
+        for field in dataclasses.fields(self.targets):
+            getattr(self.targets, field.name).copy_(getattr(targets, field.name))
         self.graph.replay()
         return self.loss, self.parts
 
@@ -183,12 +187,13 @@ class CudaStepRecorder:
         self.warmup = warmup
         self.pool = torch.cuda.graph_pool_handle()
 
-    def micro(
-        self, step, images: torch.Tensor, targets: dict[str, torch.Tensor], bucket: tuple[int, ...]
-    ):
+    def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
         device = images.device
         static_images = images.clone()
-        static_targets = {k: v.clone() for k, v in targets.items()}
+        static_targets = dataclasses.replace(
+            targets,
+            **{f.name: getattr(targets, f.name).clone() for f in dataclasses.fields(targets)},
+        )
         network = step.network
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(device)
@@ -213,8 +218,7 @@ class CudaStepRecorder:
         return CudaMicro(bucket, static_images, static_targets, loss, parts, graph)
 
     def update(self, step) -> CudaUpdate:
-        trainer = step.trainer
-        device = trainer.device
+        device = step.parts.device
         tensors = list(step.params) + list(step.grads)
         tensors += step.state_tensors() + step.scaler_tensors()
         floats, others = step.ema_tensors()

@@ -1,17 +1,17 @@
 """The training step as two functions of static tensors, so that each can be one CUDA graph.
 
 ``micro(images, targets)`` is a batch's forward, loss and backward: the gradient of
-``loss x batch`` (the trainer's scaling) is added to static gradient buffers, which are the
-parameters' ``.grad`` while the whole step is in use. Under autocast it makes the
-convolutions' low-precision weights itself, all in one kernel (:meth:`StaticStep._make_casts`),
-and advances BatchNorm's batch counters in one kernel too. On a GPU, with the network not
-compiled, its convolutions' weight gradients run on a second stream (``wgrad_stream``,
+``loss x loss_gain`` (the batch size, as the eager step scales it) is added to static gradient
+buffers, which are the parameters' ``.grad`` while the whole step is in use. Under autocast it
+makes the convolutions' low-precision weights itself, all in one kernel
+(:meth:`StaticStep._make_casts`), and advances BatchNorm's batch counters in one kernel too.
+On a GPU, with the network not compiled, its convolutions' weight gradients run on a second stream (``wgrad_stream``,
 :mod:`falconet_graphs_cuda.side_weight_grads`), joined before the gradients are read.
 ``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
 weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
 on the host side lives in device tensors that are filled before each call: each group's
 learning rate and momentum or betas (the warm-up ramps both), AdamW's bias corrections, and
-the EMA's weight. The optimizer's state is the trainer's own (``optimizer.state[p]``; AdamW's
+the EMA's weight. The optimizer's state is the eager step's own (``optimizer.state[p]``; AdamW's
 step counts stay host tensors, advanced on the host), so checkpoints and resume are unchanged.
 
 The arithmetic is ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s. SGD's is bit for bit
@@ -31,7 +31,7 @@ become zeros in one ``torch.where``, and the step's momentum and learning rate b
 exactly. AdamW is not offered with the scaler: a skipped step must not advance its step
 count, which the host keeps.
 
-Run eagerly on the CPU, these functions are what the CPU tests compare with the trainer's own
+Run eagerly on the CPU, these functions are what the CPU tests compare with the eager step's own
 step; :mod:`falconet_graphs_cuda.whole_step` records them as CUDA graphs.
 """
 
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +50,8 @@ from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
 
 if TYPE_CHECKING:
-    from falconet.training.trainer import Trainer
+    from falconet.training.step import StepParts
+    from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 log = logging.getLogger("falconet.train")
 
@@ -104,7 +104,7 @@ def packed_like(
 COMPILED_NETWORK = ("inductor", "inductor-all")  # the fuse values that compile the network
 
 
-def side_stream_applies(cfg: Any, device: torch.device) -> bool:
+def side_stream_applies(cfg: GraphsCudaKeys, device: torch.device) -> bool:
     """Whether the convolutions' weight gradients run on a second stream
     (:mod:`falconet_graphs_cuda.side_weight_grads`): asked for (``wgrad_stream``), on CUDA, and
     with the network not compiled. Inductor compiles a network around the custom op into
@@ -113,7 +113,7 @@ def side_stream_applies(cfg: Any, device: torch.device) -> bool:
     return bool(cfg.wgrad_stream) and device.type == "cuda" and cfg.fuse not in COMPILED_NETWORK
 
 
-def fused_bn_silu(cfg: Any, device: torch.device) -> FusedBatchNormSiLU | None:
+def fused_bn_silu(cfg: GraphsCudaKeys, device: torch.device) -> FusedBatchNormSiLU | None:
     """The function mode that runs BatchNorm and SiLU as one Triton op (``bn_silu=triton``,
     :mod:`falconet_graphs_cuda.bn_silu`), or None for PyTorch's kernels."""
     if cfg.bn_silu != "triton":
@@ -142,11 +142,13 @@ def fused_bn_silu(cfg: Any, device: torch.device) -> FusedBatchNormSiLU | None:
 
 
 class StaticStep:
-    """Forward + loss + backward and the optimizer step of ``trainer``, on static tensors."""
+    """Forward + loss + backward and the optimizer step of ``parts``, on static tensors;
+    ``keys`` are the plugin's own (``fuse``, ``wgrad_stream``, ``bn_silu``)."""
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-        self.network = trainer.model
+    def __init__(self, parts: StepParts, keys: GraphsCudaKeys) -> None:
+        self.parts = parts
+        self.keys = keys
+        self.network = parts.model
         named = [(n, p) for n, p in self.network.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
@@ -161,11 +163,11 @@ class StaticStep:
             and m.num_batches_tracked is not None
         ]
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
-        scalar = {"device": trainer.device, "dtype": self.params[0].dtype}
+        scalar = {"device": parts.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
-        self.adamw = isinstance(trainer.optimizer, torch.optim.AdamW)
-        if not (self.adamw or isinstance(trainer.optimizer, torch.optim.SGD)):
-            raise TypeError(f"no static update for {type(trainer.optimizer).__name__}")
+        self.adamw = isinstance(parts.optimizer, torch.optim.AdamW)
+        if not (self.adamw or isinstance(parts.optimizer, torch.optim.SGD)):
+            raise TypeError(f"no static update for {type(parts.optimizer).__name__}")
         self.groups = [
             Group(
                 [index[id(p)] for p in group["params"]],
@@ -173,31 +175,31 @@ class StaticStep:
                 bool(group.get("nesterov", False)),
                 *(torch.zeros((), **scalar) for _ in range(4)),
             )
-            for group in trainer.optimizer.param_groups
+            for group in parts.optimizer.param_groups
             if group["params"]
         ]
         self.ema_weight = torch.zeros((), **scalar)
         self.flat_ema_weight: torch.Tensor | None = None  # made by _ema, once the EMA is bound
         self.ema_weights: list[torch.Tensor] | None = None
-        scaler = trainer.scaler
+        scaler = parts.scaler
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         if self.scaler is not None and self.adamw:
             raise TypeError("no static AdamW update with a gradient scaler (see the docstring)")
         # GradScaler.unscale_'s overflow flag, and what an overflowed step's scalars become
-        self.found_inf = torch.zeros((), device=trainer.device, dtype=torch.float32)
+        self.found_inf = torch.zeros((), device=parts.device, dtype=torch.float32)
         self.zero, self.one = torch.zeros((), **scalar), torch.ones((), **scalar)
         # SGD's step multiplies by -lr broadcast to each parameter's shape (see _sgd)
         self.ones = [] if self.adamw else [torch.ones_like(p) for p in self.params]
         # fuse: Inductor's default mode (fused kernels, no CUDA graphs of its own: the step's
         # recorder captures the compiled kernels with everything else)
-        fuse = trainer.cfg.fuse
+        fuse = keys.fuse
         self.forward = self._eager_forward
         if fuse in COMPILED_NETWORK:
             self.forward = torch.compile(self._eager_forward, dynamic=False)
         self.side: SideWeightGrads | None = None
-        if side_stream_applies(trainer.cfg, trainer.device):
-            self.side = SideWeightGrads(torch.cuda.Stream(trainer.device))
-        self.bn_silu = fused_bn_silu(trainer.cfg, trainer.device)
+        if side_stream_applies(keys, parts.device):
+            self.side = SideWeightGrads(torch.cuda.Stream(parts.device))
+        self.bn_silu = fused_bn_silu(keys, parts.device)
         if fuse != "none":
             log.warning(
                 "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "
@@ -206,13 +208,13 @@ class StaticStep:
                 "mAP50-95 in bf16 over three; this run is %s: check your accuracy before "
                 "keeping it",
                 fuse,
-                trainer.precision.name,
+                parts.precision.name,
             )
-        self.loss_fn = trainer.loss_fn
+        self.loss_fn = parts.loss
         if fuse in ("inductor-loss", "inductor-all"):
             # the assigner's [B, M, A] and the loss's [B, A, C] elementwise chains, each a
             # full pass over memory per op when eager
-            self.loss_fn = torch.compile(trainer.loss_fn, dynamic=False)
+            self.loss_fn = torch.compile(parts.loss, dynamic=False)
 
     def _make_casts(self) -> None:
         """Under autocast, buffers for the weights autocast would cast: every parameter of a
@@ -222,8 +224,8 @@ class StaticStep:
         each one in a kernel of its own in the forward and again in the backward (the cast's
         gradient). Autocast leaves a tensor already in its dtype as it is, and both casts are
         exact conversions, so the step's numbers do not change."""
-        device = self.trainer.device
-        with self.trainer.precision.autocast(device):
+        device = self.parts.device
+        with self.parts.precision.autocast(device):
             enabled = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type)
         kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -254,7 +256,7 @@ class StaticStep:
         (without ``amsgrad``, ``fused`` or ``capturable``) starts from exactly what this makes:
         a host step count of 0 in torch's scalar dtype and zero moments. torch's own step takes
         these as it takes its own, so eager batches, checkpoints and resume are unchanged."""
-        optimizer = self.trainer.optimizer
+        optimizer = self.parts.optimizer
         groups = optimizer.param_groups
         if self.adamw:
             if any(g.get(k) for g in groups for k in ("amsgrad", "fused", "capturable")):
@@ -281,20 +283,20 @@ class StaticStep:
     def ready(self) -> bool:
         """Whether the optimizer has its state (:meth:`make_state`, or its first eager step:
         AdamW with ``amsgrad``, SGD with ``dampening``)."""
-        state = self.trainer.optimizer.state
+        state = self.parts.optimizer.state
         key = "exp_avg" if self.adamw else "momentum_buffer"
         return all(state.get(p, {}).get(key) is not None for p in self.params)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The optimizer's device state the update writes (for a recorder to save and
         restore around its warm-up)."""
-        state = self.trainer.optimizer.state
+        state = self.parts.optimizer.state
         keys = ("exp_avg", "exp_avg_sq") if self.adamw else ("momentum_buffer",)
         return [state[p][k] for p in self.params for k in keys]
 
     def bind(self) -> None:
         """Make the static buffers the parameters' ``.grad``, keeping any gradient already
-        accumulated; a ``None`` gradient (the trainer's eager optimizer step set it so)
+        accumulated; a ``None`` gradient (the eager step's optimizer update set it so)
         becomes zeros."""
         for param, static in zip(self.params, self.grads, strict=True):
             grad = param.grad
@@ -307,11 +309,11 @@ class StaticStep:
             param.grad = static
 
     def fill_scalars(self, *, update: bool) -> None:
-        """Copy this step's learning rates and momenta (the trainer's schedule has just set
-        them on its optimizer) and the EMA weight into their device tensors."""
+        """Copy this step's learning rates and momenta (the schedule has just set them on the
+        optimizer) and the EMA weight into their device tensors."""
         if not update:
             return
-        state = self.trainer.optimizer.state
+        state = self.parts.optimizer.state
         for group, source in zip(self.groups, self._nonempty_groups(), strict=True):
             lr = source["lr"]
             if not self.adamw:
@@ -324,13 +326,12 @@ class StaticStep:
             group.b.fill_(1 - beta1)
             group.c.fill_((1 - beta2**step) ** 0.5)
             group.d.fill_(-lr / (1 - beta1**step))
-        ema = self.trainer.ema
+        ema = self.parts.ema
         if ema is not None:
-            decay = ema.decay * (1 - math.exp(-(ema.updates + 1) / ema.tau))
-            self.ema_weight.fill_(1.0 - decay)
+            self.ema_weight.fill_(ema.weight(ema.updates + 1))
 
     def _nonempty_groups(self) -> list[dict[str, Any]]:
-        return [g for g in self.trainer.optimizer.param_groups if g["params"]]
+        return [g for g in self.parts.optimizer.param_groups if g["params"]]
 
     # ------------------------------------------------------------------------ the functions
     def micro(
@@ -338,7 +339,7 @@ class StaticStep:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Forward, loss and backward of one batch; adds ``d(loss x batch)/dparams`` to the
         static gradients unless ``accumulate`` is false (a warm-up pass)."""
-        trainer = self.trainer
+        step = self.parts
         pairs = zip(self.names, self.params, strict=True)
         leaves = {n: p.detach().requires_grad_() for n, p in pairs}
         if self.cast_indices:  # autocast's casts of the weights, in one kernel (_make_casts)
@@ -351,7 +352,7 @@ class StaticStep:
         counters = [m.num_batches_tracked for _, m in self.counted if m.training]
         uncounted = {name: None for name, m in self.counted if m.training}
         with contextlib.ExitStack() as modes:
-            modes.enter_context(trainer.precision.autocast(trainer.device))
+            modes.enter_context(step.precision.autocast(step.device))
             for mode in (self.side, self.bn_silu):
                 if mode is not None:
                     modes.enter_context(mode)
@@ -359,7 +360,7 @@ class StaticStep:
         if counters:
             torch._foreach_add_(counters, 1)
         loss, parts = self.loss_fn(outputs, targets)
-        scaled = loss * trainer.cfg.batch
+        scaled = loss * step.loss_gain
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
         grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
@@ -378,7 +379,7 @@ class StaticStep:
 
     @torch.no_grad()
     def update(self) -> None:
-        """Clip, SGD step, EMA update, zero the gradients: the trainer's optimizer phase
+        """Clip, SGD step, EMA update, zero the gradients: the eager step's optimizer phase
         (with the scaler: unscale first, undo an overflowed step, update the scale). Each part
         is a method of its own, which ``tools/bench_update.py`` times on its own."""
         if self.scaler is not None:
@@ -391,8 +392,8 @@ class StaticStep:
         self.flat_grads.zero_()
 
     def _clip(self) -> None:
-        if self.trainer.cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.trainer.cfg.clip_grad, foreach=True)
+        if self.parts.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.parts.clip_grad, foreach=True)
 
     def _step(self) -> None:
         """The optimizer's step, group by group. SGD's weight decay goes into the static
@@ -428,7 +429,7 @@ class StaticStep:
     def _ema(self) -> None:
         """``ModelEMA.update``: its ``lerp`` by the EMA weight, which is a device tensor here.
         ``_foreach_lerp_`` takes no single tensor weight, and a list of the 0-dim tensor made
-        it one kernel per tensor (0.39 ms of the update on the H200); the weight
+        it one kernel per tensor (docs/performance.md, the update); the weight
         copied into a buffer shaped like the EMA's tensors (one kernel) lets the lerp run as
         a few multi-tensor kernels, with the same formula and the same float32 weight."""
         floats, others = self.ema_tensors()
@@ -444,29 +445,19 @@ class StaticStep:
 
     def _unscale(self) -> None:
         """``GradScaler.unscale_``: the gradients times ``1 / scale``, and ``found_inf`` set
-        where one is not finite (the same kernel and the same reciprocal)."""
-        self.found_inf.zero_()
-        inv_scale = self.scaler._scale.double().reciprocal().float()
-        torch._amp_foreach_non_finite_check_and_unscale_(self.grads, self.found_inf, inv_scale)
+        where one is not finite (the same kernel, :meth:`LossScaler.unscale_grads_`)."""
+        self.scaler.unscale_grads_(self.grads, self.found_inf)
 
     def _update_scale(self) -> None:
         """``GradScaler.update``: back off after an overflow, grow after enough steps without."""
-        s = self.scaler
-        torch._amp_update_scale_(
-            s._scale,
-            s._growth_tracker,
-            self.found_inf,
-            s._growth_factor,
-            s._backoff_factor,
-            s._growth_interval,
-        )
+        self.scaler.update_from_(self.found_inf)
 
     def scaler_tensors(self) -> list[torch.Tensor]:
         """The scaler's device state the update writes (for a recorder to save and restore
         around its warm-up); empty without a scaler."""
         if self.scaler is None:
             return []
-        return [self.scaler._scale, self.scaler._growth_tracker]
+        return self.scaler.device_state(self.parts.device)
 
     def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
         """``torch.optim.SGD`` after its weight decay (:meth:`_step`): momentum (Nesterov or
@@ -476,7 +467,7 @@ class StaticStep:
         (one rounding). A device-tensor ``alpha`` has no such overload, so the tensor is
         broadcast to each parameter's shape (``ones x alpha`` is exact) and the step is
         ``addcmul``, which rounds once as well: bit for bit torch's result."""
-        buffers = [self.trainer.optimizer.state[p]["momentum_buffer"] for p in params]
+        buffers = [self.parts.optimizer.state[p]["momentum_buffer"] for p in params]
         ones = [self.ones[i] for i in group.indices]  # the weight decay is in grads (_step)
         torch._foreach_mul_(buffers, group.b)
         torch._foreach_add_(buffers, grads)
@@ -489,7 +480,7 @@ class StaticStep:
     def _adamw(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
         """``torch.optim.AdamW`` (no amsgrad): decoupled decay, moments, bias-corrected step.
         ``beta2`` and ``eps`` are constants of the run (the schedule moves only ``beta1``)."""
-        state = self.trainer.optimizer.state
+        state = self.parts.optimizer.state
         first = [state[p]["exp_avg"] for p in params]
         second = [state[p]["exp_avg_sq"] for p in params]
         beta2, eps = source["betas"][1], source["eps"]
@@ -507,18 +498,16 @@ class StaticStep:
     def ema_tensors(self) -> tuple[tuple[list, list], tuple[list, list]]:
         """``(ema floats, model floats), (ema others, model others)``: the pairs the EMA
         update reads (empty without EMA)."""
-        ema = self.trainer.ema
+        ema = self.parts.ema
         if ema is None:
             return ([], []), ([], [])
-        if ema._source is not self.trainer.model:
-            ema._bind(self.trainer.model)
-        return ema._floats, ema._others
+        return ema.tensors(self.network)
 
     def after_update(self) -> None:
         """Host-side bookkeeping of an update done by :meth:`update` (eager or replayed): the
         EMA's update count and AdamW's step counts (host tensors, as torch keeps them)."""
-        if self.trainer.ema is not None:
-            self.trainer.ema.updates += 1
+        if self.parts.ema is not None:
+            self.parts.ema.advance()
         if self.adamw:
-            state = self.trainer.optimizer.state
+            state = self.parts.optimizer.state
             torch._foreach_add_([state[p]["step"] for p in self.params], 1)

@@ -1,8 +1,9 @@
 """``graph=whole-step``: forward, loss, backward, clipping, optimizer and EMA replayed from CUDA
 graphs, for a family whose loss is static-shaped.
 
-:class:`WholeStepRunner` is what the trainer calls in place of its step
-(:meth:`Trainer.train_batch`). Per batch:
+:class:`WholeStep` is the run's step (:class:`falconet.training.step.TrainStep`), built from
+the step's parts; it keeps an :class:`~falconet.training.step.EagerStep` of the same parts for
+the batches it does not replay. Per batch:
 
 * the **key** is the image shape and the targets' bucket ``(M, N)``: the padded slots per image
   and the padded boxes of the batch (powers of two, :mod:`falconet.data.targets`). A batch
@@ -11,8 +12,8 @@ graphs, for a family whose loss is static-shaped.
   on its ``capture_after``-th call (at the largest ``M`` recorded so far: ``_widened``),
   once the optimizer has its state (made on the first call: SGD's momentum buffers as
   zeros, AdamW's as torch makes it, :meth:`StaticStep.make_state`). Until then
-  the runner returns ``None`` and the trainer runs the step eagerly, so a batch with more
-  boxes than any bucket runs eager until its larger bucket has repeated;
+  the batch runs on the eager step, so a batch with more boxes than any bucket runs eager
+  until its larger bucket has repeated;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
   every key, is the optimizer step (clip, SGD, EMA, zero gradients), replayed on the batches
   that update the weights (every ``accumulate``-th). Learning rates, momenta and the EMA weight
@@ -33,12 +34,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from falconet.data.targets import fits, pad_targets, target_bucket
+from falconet.data.targets import Targets, fits
+from falconet.training.step import CaptureStats, EagerStep, StepOutput
 from falconet_graphs_cuda.graphed import describe_failure
 from falconet_graphs_cuda.static_step import StaticStep
 
 if TYPE_CHECKING:
-    from falconet.training.trainer import Trainer
+    from falconet.training.step import StepParts
+    from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 log = logging.getLogger("falconet.train")
 
@@ -49,7 +52,7 @@ class MicroRecording(Protocol):
     bucket: tuple[int, ...]
 
     def replay(
-        self, images: torch.Tensor, targets: dict[str, torch.Tensor]
+        self, images: torch.Tensor, targets: Targets
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
@@ -64,24 +67,26 @@ class StepRecorder(Protocol):
         self,
         step: StaticStep,
         images: torch.Tensor,
-        targets: dict[str, torch.Tensor],
+        targets: Targets,
         bucket: tuple[int, ...],
     ) -> MicroRecording: ...
 
     def update(self, step: StaticStep) -> UpdateRecording: ...
 
 
-class WholeStepRunner:
-    """The trainer's step, replayed from graphs where recorded (module docstring)."""
+class WholeStep:
+    """The training step, replayed from graphs where recorded (module docstring)."""
 
     def __init__(
         self,
-        trainer: Trainer,
+        parts: StepParts,
+        keys: GraphsCudaKeys,
         recorder: StepRecorder,
         capture_after: int = 3,
     ) -> None:
-        self.trainer = trainer
-        self.step = StaticStep(trainer)
+        self.parts = parts
+        self.eager = EagerStep(parts)
+        self.step = StaticStep(parts, keys)
         self.recorder = recorder
         self.capture_after = capture_after
         self.micros: dict[tuple, list[MicroRecording]] = {}  # image key -> buckets, smallest first
@@ -97,12 +102,21 @@ class WholeStepRunner:
         recording (a key must repeat ``capture_after`` times, and the optimizer have its state)."""
         return self.failed is None and not self.micros
 
-    def __call__(
-        self, images: torch.Tensor, targets: dict[str, torch.Tensor], *, optimizer_step: bool
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
-        """The step's loss and parts, or ``None``: the trainer runs this batch eagerly."""
+    def stats(self) -> CaptureStats:
+        counts = self.counts
+        return CaptureStats(
+            recorded=counts["recorded"],
+            failed=counts["failed"],
+            replayed=counts["replayed"],
+            eager=counts["eager"],
+            pending=self.pending,
+            capture_seconds=self.capture_seconds,
+        )
+
+    def __call__(self, images: torch.Tensor, targets: Targets, *, update: bool) -> StepOutput:
+        """Replay the recording of this batch's key, or run the eager step."""
         image_key = (tuple(images.shape), images.stride(), images.dtype)
-        bucket = target_bucket(targets)
+        bucket = targets.bucket
         recording = next(
             (r for r in self.micros.get(image_key, ()) if fits(bucket, r.bucket)), None
         )
@@ -110,27 +124,32 @@ class WholeStepRunner:
             recording = self._maybe_record(image_key, images, targets, bucket)
             if recording is None:
                 self.counts["eager"] += 1
-                return None
-        if self.step.params[0].grad is not self.step.grads[0]:
-            self.step.bind()  # an eager optimizer step dropped .grad, or the first replay
-        self.step.fill_scalars(update=optimizer_step)
-        loss, parts = recording.replay(images, pad_targets(targets, recording.bucket))
-        if optimizer_step:
-            self.update.replay()
-            self.step.after_update()
+                return self.eager(images, targets, update=update)
+        parts = self.parts
+        with parts.phases("step"):
+            if update:
+                parts.set_rates()
+            if self.step.params[0].grad is not self.step.grads[0]:
+                self.step.bind()  # an eager optimizer step dropped .grad, or the first replay
+            self.step.fill_scalars(update=update)
+            loss, loss_parts = recording.replay(images, targets.padded(recording.bucket))
+            if update:
+                self.update.replay()
+                self.step.after_update()
+                parts.progress.updates += 1
         self.counts["replayed"] += 1
-        return loss, parts
+        return StepOutput(loss, loss_parts)
 
     def _maybe_record(
         self,
         image_key: tuple,
         images: torch.Tensor,
-        targets: dict[str, torch.Tensor],
+        targets: Targets,
         bucket: tuple[int, ...],
     ) -> MicroRecording | None:
         if self.failed is not None:
             return None
-        self.step.make_state()  # after the trainer's resume: a restored state is kept
+        self.step.make_state()  # after a resume: a restored state is kept
         if not self.step.ready():
             return None
         key = (image_key, bucket)
@@ -142,7 +161,7 @@ class WholeStepRunner:
         self.step.bind()  # the update graph reads and zeroes the static gradients
         start = time.perf_counter()
         try:
-            recording = recorder.micro(self.step, images, pad_targets(targets, bucket), bucket)
+            recording = recorder.micro(self.step, images, targets.padded(bucket), bucket)
             if self.update is None:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged

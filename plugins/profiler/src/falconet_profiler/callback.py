@@ -3,14 +3,14 @@
 It counts batches from the start of the run. It discards the batches up to the run's first
 optimizer step (which creates the optimizer's state, and after which a whole-step backend can
 capture; ``accumulate`` batches) and ``profile_warmup`` more; then it
-swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``trainer.phases``; it measures
+swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``run.phases``; it measures
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
 loader wait; its last batch ends when the device has finished the half, so a host that runs
 ahead of the GPU does not make the step look shorter), the second half synchronised around
 each phase and, on CUDA, under torch.profiler (kernel figures; GPU busy is their GPU time
-per batch over the first half's step time). Then it restores ``trainer.phases``, stops the
+per batch over the first half's step time). Then it restores ``run.phases``, stops the
 profiler, writes the artifacts into the run folder, logs the report and lets training go on,
-or, with ``profile_then_stop``, asks the trainer to stop (:meth:`Trainer.request_stop`).
+or, with ``profile_then_stop``, asks the run to stop (:meth:`RunState.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
 Graph backends record a CUDA graph for each new shape (and ``whole-step`` for each new target
@@ -43,34 +43,12 @@ from typing import TYPE_CHECKING, Any
 from falconet_profiler.window import BatchRecord, PhaseClock, Window, half_timing
 
 if TYPE_CHECKING:
-    from falconet.training.trainer import Trainer
+    from falconet.training.run_state import RunState
 
 log = logging.getLogger("falconet.profile")
 
 MAX_WAIT_BATCHES = 200
 """How many batches past ``profile_warmup`` the window may be moved to wait out captures."""
-
-
-def graph_captures(trainer: Trainer) -> int:
-    """Captures the run's graph backend has tried so far: the ``recorded`` and ``failed``
-    counts of its network wrapper and step runner (0 for a backend that records nothing)."""
-    total = 0
-    for owner in (trainer.network, trainer.step_runner):
-        counts = getattr(owner, "counts", None)
-        if isinstance(counts, dict):
-            total += int(counts.get("recorded", 0)) + int(counts.get("failed", 0))
-    return total
-
-
-def runner_pending(trainer: Trainer) -> bool:
-    """Whether the run's step runner will record but has not yet (its ``pending``)."""
-    return bool(getattr(trainer.step_runner, "pending", False))
-
-
-def runner_eager(trainer: Trainer) -> int:
-    """Batches the run's step runner has left to the eager step so far (0 without one)."""
-    counts = getattr(trainer.step_runner, "counts", None)
-    return int(counts.get("eager", 0)) if isinstance(counts, dict) else 0
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -91,57 +69,62 @@ class Profiler:
     name = "profiler"
     summary = "profile=true: times a window of training steps and says why a step is slow"
 
+    @staticmethod
+    def wanted(config: Any) -> bool:
+        """Added to every run with ``profile=true`` (the key is this plugin's own)."""
+        return bool(config.profile)
+
     def __init__(self, *, rank: int | None = None, **options: Any) -> None:
         self.forced_rank = rank
         self.active = False
         self.records: list[BatchRecord] = []
 
     # ------------------------------------------------------------------------- callbacks
-    def on_train_start(self, trainer: Trainer) -> None:
-        cfg = trainer.cfg
-        first_update = trainer.accumulate - 1  # the batch of the first optimizer step
+    def on_train_start(self, run: RunState) -> None:
+        cfg = run.config
+        first_update = run.accumulate - 1  # the batch of the first optimizer step
         self.window = Window(first_update + cfg.profile_warmup, cfg.profile_steps)
         rank, self.world_size = _rank_and_world()
         self.rank = rank if self.forced_rank is None else self.forced_rank
         self.measuring = self.rank == 0
         if not self.measuring:
             log.info("profiler: rank %d does not profile; rank 0 does", self.rank)
-        self.cuda = trainer.device.type == "cuda"
-        self.original_phases = trainer.phases
+        self.cuda = run.device.type == "cuda"
         self.clock = PhaseClock()
         self.seen = 0
         self.switched = False
         self.active = True
         self.torch_profiler = None
         self.memory: list[dict[str, Any]] = []
-        self.captures = graph_captures(trainer)
+        stats = run.step_stats()
+        self.captures = stats.captures
         self.captures_in_window = 0
-        self.eager = runner_eager(trainer)
+        self.eager = stats.eager
         self.eager_in_window = 0
-        self._prepare(trainer)
+        self._prepare(run)
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, run: RunState) -> None:
         if not self.active:
             return
         if self.measuring and self.clock.batch is not None:
             if self.window.part(self.seen) == "unsynced" != self.window.part(self.seen + 1):
-                self._drain(trainer)
+                self._drain(run)
             record = self.clock.end_batch()
-            record.epoch, record.batch_in_epoch = trainer.epoch, trainer.batch_in_epoch
-            record.images = _images_in(trainer, trainer.batch_in_epoch)
+            record.epoch, record.batch_in_epoch = run.epoch, run.batch_in_epoch
+            record.images = _images_in(run, run.batch_in_epoch)
             self.records.append(record)
-        self._follow_captures(trainer)
-        eager = runner_eager(trainer)
+        self._follow_captures(run)
+        eager = run.step_stats().eager
         if eager != self.eager and self.window.part(self.seen) in ("unsynced", "synced"):
             self.eager_in_window += 1
         self.eager = eager
         self.seen += 1
         if self.window.part(self.seen) == "after":
-            self._finish(trainer)
+            self._finish(run)
         else:
-            self._prepare(trainer)
+            self._prepare(run)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: RunState) -> None:
         if not self.active:
             return
         measured = sum(r.part == "unsynced" for r in self.records)
@@ -154,14 +137,14 @@ class Profiler:
             self.window.steps,
             "; reporting the batches measured" if measured else "; nothing to report",
         )
-        self._finish(trainer, write=measured > 0)
+        self._finish(run, write=measured > 0)
 
-    def on_exception(self, trainer: Trainer, exc: BaseException) -> None:
+    def on_exception(self, run: RunState, exc: BaseException) -> None:
         if self.active:
-            self._finish(trainer, write=False)
+            self._finish(run, write=False)
 
     # ---------------------------------------------------------------------------- window
-    def _drain(self, trainer: Trainer) -> None:
+    def _drain(self, run: RunState) -> None:
         """End the unsynchronised half's last batch when the device has finished the half's
         work. The host may run ahead of the GPU (a replayed graph launches in microseconds
         and nothing syncs), and then the half's host time alone would undercount the step:
@@ -169,21 +152,22 @@ class Profiler:
         if self.cuda:
             import torch
 
-            torch.cuda.synchronize(trainer.device)
+            torch.cuda.synchronize(run.device)
 
-    def _follow_captures(self, trainer: Trainer) -> None:
+    def _follow_captures(self, run: RunState) -> None:
         """After batch ``self.seen``: if the graph backend captured during it, or its step
         runner is still pending, start the window ``profile_warmup`` batches later (dropping
         an unsynchronised half begun), or, in the synchronised half or past the wait limit,
         count the capture."""
-        captures = graph_captures(trainer)
+        stats = run.step_stats()
+        captures = stats.captures
         captured = captures != self.captures
         self.captures = captures
-        pending = runner_pending(trainer)
+        pending = stats.pending
         if not (captured or pending):
             return
         part = self.window.part(self.seen)
-        warmup = trainer.cfg.profile_warmup
+        warmup = run.config.profile_warmup
         start = self.seen + 1 + warmup
         if part not in ("warmup", "unsynced") or start > warmup + MAX_WAIT_BATCHES:
             self.captures_in_window += captured
@@ -191,47 +175,47 @@ class Profiler:
         if part == "unsynced" and self.measuring:
             why = "a graph capture" if captured else "the step runner still eager"
             log.info("profiler: %s at batch %d; the window starts again", why, self.seen)
-            trainer.phases = self.original_phases
+            run.phases.reset()
             self.clock.batch = None
             self.records.clear()
             self.memory.clear()
             self.eager_in_window = 0
         self.window = Window(max(start, self.window.warmup), self.window.steps)
 
-    def _prepare(self, trainer: Trainer) -> None:
+    def _prepare(self, run: RunState) -> None:
         """Before batch ``self.seen``: start the window, switch halves, open its record."""
         part = self.window.part(self.seen)
         if part == "warmup" or not self.measuring:
             return
         if self.seen == self.window.warmup:
-            self._start(trainer)
+            self._start(run)
         if part == "synced" and not self.switched:
             self.switched = True
-            self._memory_snapshot(trainer)
+            self._memory_snapshot(run)
             if self.cuda:
                 import torch
 
                 self.clock.synchronize = torch.cuda.synchronize
-                self._start_trace(trainer)
+                self._start_trace(run)
         self.clock.batch = BatchRecord(self.seen, part)
 
-    def _start(self, trainer: Trainer) -> None:
-        trainer.phases = self.clock
+    def _start(self, run: RunState) -> None:
+        run.phases.use(self.clock)
         if not self.cuda:
             return
         import torch
 
-        torch.cuda.synchronize(trainer.device)
-        torch.cuda.reset_peak_memory_stats(trainer.device)
-        self._memory_snapshot(trainer)
+        torch.cuda.synchronize(run.device)
+        torch.cuda.reset_peak_memory_stats(run.device)
+        self._memory_snapshot(run)
 
-    def _start_trace(self, trainer: Trainer) -> None:
+    def _start_trace(self, run: RunState) -> None:
         """torch.profiler over the synchronised half only: its per-operation cost on the host
         would make the unsynchronised half's step time, which decides the verdict, unreal."""
         import torch
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        torch.cuda.synchronize(trainer.device)
+        torch.cuda.synchronize(run.device)
         self.torch_profiler = profile(
             activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
             record_shapes=False,
@@ -241,23 +225,23 @@ class Profiler:
         self.torch_profiler.__enter__()
         self.clock.annotate = record_function
 
-    def _memory_snapshot(self, trainer: Trainer) -> None:
+    def _memory_snapshot(self, run: RunState) -> None:
         if self.cuda:
             import torch
 
-            self.memory.append(torch.cuda.memory_stats(trainer.device))
+            self.memory.append(torch.cuda.memory_stats(run.device))
 
-    def _finish(self, trainer: Trainer, *, write: bool = True) -> None:
+    def _finish(self, run: RunState, *, write: bool = True) -> None:
         self.active = False
-        trainer.phases = self.original_phases
+        run.phases.reset()
         self.clock.batch = None
-        trace_path = Path(trainer.run_dir) / "profile_trace.json"
+        trace_path = Path(run.run_dir) / "profile_trace.json"
         gpu = None
         if self.torch_profiler is not None:
             import torch
 
-            torch.cuda.synchronize(trainer.device)
-            self._memory_snapshot(trainer)
+            torch.cuda.synchronize(run.device)
+            self._memory_snapshot(run)
             self.torch_profiler.__exit__(None, None, None)
             if write:
                 from falconet_profiler.trace import analyse, load_trace
@@ -266,25 +250,25 @@ class Profiler:
                 gpu = analyse(load_trace(trace_path))
             self.torch_profiler = None
         if write and self.measuring:
-            self._write(trainer, gpu, trace_path)
-        if trainer.cfg.profile_then_stop and self.seen >= self.window.end:
-            trainer.request_stop(
+            self._write(run, gpu, trace_path)
+        if run.config.profile_then_stop and self.seen >= self.window.end:
+            run.request_stop(
                 f"stopped after profiling (profile_then_stop=true): {self.window.end} batches, "
-                f"see {Path(trainer.run_dir) / 'profile.json'}"
+                f"see {Path(run.run_dir) / 'profile.json'}"
             )
 
-    def _write(self, trainer: Trainer, gpu: dict[str, Any] | None, trace_path: Path) -> None:
+    def _write(self, run: RunState, gpu: dict[str, Any] | None, trace_path: Path) -> None:
         from falconet_profiler.report import format_report, write_artifacts, write_json
         from falconet_profiler.trace import host_trace
 
-        doc = self.document(trainer, gpu)
+        doc = self.document(run, gpu)
         if gpu is None:
             write_json(trace_path, host_trace(doc["batches"]))
-        write_artifacts(Path(trainer.run_dir), doc)
-        log.info("%s", format_report(doc, Path(trainer.run_dir)))
+        write_artifacts(Path(run.run_dir), doc)
+        log.info("%s", format_report(doc, Path(run.run_dir)))
 
     # -------------------------------------------------------------------------- document
-    def document(self, trainer: Trainer, gpu: dict[str, Any] | None) -> dict[str, Any]:
+    def document(self, run: RunState, gpu: dict[str, Any] | None) -> dict[str, Any]:
         """``profile.json`` for this run's window (see :mod:`falconet_profiler.report`)."""
         import torch
 
@@ -294,12 +278,13 @@ class Profiler:
         from falconet_profiler.trials import with_trials
         from falconet_profiler.verdict import Context, decide
 
-        cfg = trainer.cfg
+        cfg = run.config
+        options = cfg.model_dump()
         fast = [r for r in self.records if r.part == "unsynced"]
         slow = [r for r in self.records if r.part == "synced"]
-        unsynced = half_timing(fast, trainer.accumulate)
-        synced = half_timing(slow, trainer.accumulate)
-        memory = self._memory_figures(trainer, len(fast))
+        unsynced = half_timing(fast, run.accumulate)
+        synced = half_timing(slow, run.accumulate)
+        memory = self._memory_figures(run, len(fast))
         lanes = gpu.pop("lanes", None) if gpu else None
         if gpu:  # busy: the traced half's GPU time per batch over the real step time
             step_ms = unsynced["step_ms"]["mean"]
@@ -309,24 +294,21 @@ class Profiler:
                 if name in synced["phases"]:
                     synced["phases"][name]["gpu_ms_per_batch"] = ms
         evidence = evidence_of(unsynced, gpu, memory)
-        plugins = trainer.plugins
         context = Context(
-            device=trainer.device.type,
-            graph=trainer.graph,
-            fuse=cfg.fuse,
-            bn_silu=cfg.bn_silu,
-            precision=trainer.precision.name,
+            device=run.device.type,
+            graph=run.graph,
+            fuse=options.get("fuse", "none"),  # keys of the graph backend, when installed
+            bn_silu=options.get("bn_silu", "native"),
+            precision=run.precision,
             batch=cfg.batch,
             workers=cfg.workers,
             cache=cfg.cache,
             cpu_count=os.cpu_count() or 1,
-            graphs=frozenset(plugins.graph_backends.names(with_aliases=True)),
-            precisions=frozenset(plugins.precision_backends.names(with_aliases=True)),
+            graphs=run.installed.graph_backends,
+            precisions=run.installed.precision_backends,
         )
         origin = self.records[0].start if self.records else 0
-        device_name = (
-            torch.cuda.get_device_name(trainer.device) if self.cuda else platform.processor()
-        )
+        device_name = torch.cuda.get_device_name(run.device) if self.cuda else platform.processor()
         doc = {
             "schema": SCHEMA,
             "kind": KIND,
@@ -338,18 +320,18 @@ class Profiler:
                 "cuda": torch.version.cuda,
             },
             "run": {
-                "run_dir": str(trainer.run_dir),
-                "model": trainer.spec.model,
+                "run_dir": str(run.run_dir),
+                "model": run.model,
                 "data": cfg.data,
-                "device": trainer.device.type,
-                "device_name": device_name or trainer.device.type,
-                "precision": trainer.precision.name,
-                "graph": trainer.graph,
+                "device": run.device.type,
+                "device_name": device_name or run.device.type,
+                "precision": run.precision,
+                "graph": run.graph,
                 "batch": cfg.batch,
                 "imgsz": cfg.imgsz,
                 "workers": cfg.workers,
                 "cache": cfg.cache,
-                "accumulate": trainer.accumulate,
+                "accumulate": run.accumulate,
                 "world_size": self.world_size,
                 "rank": self.rank,
             },
@@ -373,7 +355,7 @@ class Profiler:
         }
         return with_trials(doc)
 
-    def _memory_figures(self, trainer: Trainer, fast_batches: int) -> dict[str, Any] | None:
+    def _memory_figures(self, run: RunState, fast_batches: int) -> dict[str, Any] | None:
         """Allocator figures of the unsynchronised half (snapshots at the window's start and
         at the switch) and the window's peaks; ``None`` on the CPU."""
         if not self.cuda or len(self.memory) < 2:
@@ -381,11 +363,11 @@ class Profiler:
         import torch
 
         first, switch = self.memory[0], self.memory[1]
-        total = torch.cuda.get_device_properties(trainer.device).total_memory
-        reserved = torch.cuda.max_memory_reserved(trainer.device)
+        total = torch.cuda.get_device_properties(run.device).total_memory
+        reserved = torch.cuda.max_memory_reserved(run.device)
         mallocs = switch.get("segment.all.allocated", 0) - first.get("segment.all.allocated", 0)
         return {
-            "peak_allocated_gib": torch.cuda.max_memory_allocated(trainer.device) / 2**30,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(run.device) / 2**30,
             "peak_reserved_gib": reserved / 2**30,
             "device_total_gib": total / 2**30,
             "peak_reserved_fraction": reserved / total,
@@ -394,10 +376,10 @@ class Profiler:
         }
 
 
-def _images_in(trainer: Trainer, batch_in_epoch: int) -> int:
+def _images_in(run: RunState, batch_in_epoch: int) -> int:
     """Images in the epoch's ``batch_in_epoch``-th batch (the last one may be short)."""
-    size = len(trainer.train_loader.batch_sampler.sampler)
-    batch = trainer.cfg.batch
+    size = run.train_images
+    batch = run.config.batch
     return max(0, min(batch, size - (batch_in_epoch - 1) * batch))
 
 

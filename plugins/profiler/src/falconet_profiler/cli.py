@@ -66,14 +66,15 @@ def run(data: str, keys: tuple[str, ...], model: str, repeat: int, as_json: bool
     """
     import subprocess
 
-    from falconet.training.components import new_run_dir
-    from falconet.training.config import ConfigError, check_keys, parse_cli_pairs
+    from falconet.plugins import get_plugins
+    from falconet.training.config import ConfigError, check_keys, config_model, parse_cli_pairs
+    from falconet.training.run_dir import new_run_dir
     from falconet_profiler.report import format_report, summary_of, write_artifacts
     from falconet_profiler.trials import combine_trials
 
     try:
         values = parse_cli_pairs(keys)
-        check_keys(values)
+        check_keys(values, config_model(get_plugins()))
     except ConfigError as exc:
         _fail(str(exc))
     for key in ("model", "data", *OWN_KEYS):

@@ -115,7 +115,7 @@ class BatchRecord:
 
 
 class PhaseClock:
-    """Installed as ``trainer.phases`` for the window: times each phase of the current batch.
+    """Installed as the run's phase timer for the window: times each phase of the current batch.
 
     :param synchronize: called before and after each phase (``torch.cuda.synchronize`` in the
         synchronised half on CUDA), or ``None``.

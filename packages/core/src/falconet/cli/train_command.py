@@ -19,10 +19,16 @@ EPILOG_WIDTH = 100
 
 
 def _keys_epilog() -> str:
-    from falconet.training.config import describe_keys
+    """Every key, the core's first, then each plugin's under its distribution's name."""
+    from falconet.plugins import get_plugins
+    from falconet.training.config import CORE, config_model, describe_keys
 
     lines = ["\b", "Keys (KEY=VALUE; default, meaning):"]
-    for key, default, meaning in describe_keys():
+    owner = CORE
+    for key, default, meaning, declared_by in describe_keys(config_model(get_plugins())):
+        if declared_by != owner:
+            owner = declared_by
+            lines += ["\b", f"Keys of {owner}:"]
         lines.append(f"  {key:<20} {default:<12} {meaning}")
     return "\n".join(lines)
 
@@ -141,7 +147,7 @@ def predict(keys: tuple[str, ...]) -> None:
     """
     from falconet.detector import Detector
     from falconet.predict import write_outputs
-    from falconet.training.components import new_run_dir
+    from falconet.training.run_dir import new_run_dir
 
     values = _pairs(keys)
     allowed = {

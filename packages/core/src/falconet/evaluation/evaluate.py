@@ -7,10 +7,6 @@ from importlib import import_module
 from falconet.evaluation.contract import Detections, EvalResult, GroundTruth
 from falconet.plugins import Plugins, get_plugins
 
-PREFERENCE = ("hotcoco", "vernier", "pycocotools")
-"""Backends from fastest to slowest, as tools/bench_eval.py measured them (docs/evaluation.md);
-all pass the parity suite."""
-
 
 class EvalBackendUnavailable(RuntimeError):
     """A registered backend whose library is not installed."""
@@ -28,15 +24,17 @@ def require_library(module: str, backend: str, install: str):  # -> module
 
 
 def default_backend_name(plugins: Plugins | None = None) -> str:
-    """The fastest installed backend whose library imports (pycocotools is always there)."""
+    """``eval_backend=auto``: the installed backend of highest ``priority`` whose library
+    imports (pycocotools, priority 0, is always there). Every backend returns pycocotools'
+    numbers (the parity suite), so the choice changes the speed only."""
     plugins = plugins or get_plugins()
-    for name in PREFERENCE:
-        if name in plugins.eval_backends:
-            try:
-                plugins.eval_backends.get(name).version()
-            except EvalBackendUnavailable:
-                continue
-            return name
+    ranked = sorted(plugins.eval_backends.entries(), key=lambda e: (-e.item.priority, e.name))
+    for entry in ranked:
+        try:
+            entry.item.version()
+        except EvalBackendUnavailable:
+            continue
+        return entry.name
     return "pycocotools"
 
 

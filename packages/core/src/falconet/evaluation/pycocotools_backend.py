@@ -25,6 +25,7 @@ class PycocotoolsBackend:
 
     name = "pycocotools"
     summary = "the reference COCO evaluator (pycocotools), single-threaded"
+    priority = 0  # eval_backend=auto: the reference: the slowest, always there
 
     def version(self) -> str:
         return version("pycocotools")

@@ -4,8 +4,9 @@ TensorBoard).
 The trainer fires ``on_train_start``, ``on_epoch_start``, ``on_step_end`` (after each batch,
 whether or not it stepped the optimizer), ``on_val_end(result)``, ``on_epoch_end(row)`` (the
 epoch's ``results.csv`` row), ``on_train_end`` and ``on_exception(exc)``, each with the
-trainer first. Loggers are callbacks like any plugin's; none of them reads device tensors
-per step (the trainer hands them host numbers at its log interval).
+run's typed view first (:class:`~falconet.training.run_state.RunState`). The core's loggers
+are registered callbacks like any plugin's (``wanted`` says when a run adds them); none of
+them reads device tensors per step (the loop hands them host numbers at its log interval).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from falconet.training.trainer import Trainer
+    from falconet.training.config import TrainConfig
+    from falconet.training.run_state import RunState
 
 log = logging.getLogger("falconet.train")
 
@@ -39,26 +41,31 @@ class CallbackList:
     def __init__(self, callbacks: Iterable[Any] = ()) -> None:
         self.callbacks = list(callbacks)
 
-    def fire(self, event: str, trainer: Trainer, *args: Any) -> None:
+    def fire(self, event: str, run: RunState, *args: Any) -> None:
         for callback in self.callbacks:
-            method = getattr(callback, event, None)
+            method = getattr(callback, event, None)  # every event is optional (Callback)
             if method is not None:
-                method(trainer, *args)
+                method(run, *args)
 
 
 class CSVLogger:
     """``results.csv``: one row per epoch; on resume, rows of epochs to be redone are dropped."""
 
     name = "csv"
+    summary = "results.csv: one row per epoch"
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        self.path = trainer.run_dir / "results.csv"
+    @staticmethod
+    def wanted(config: TrainConfig) -> bool:
+        return True
+
+    def on_train_start(self, run: RunState) -> None:
+        self.path = run.run_dir / "results.csv"
         if self.path.exists():
             with self.path.open(newline="") as handle:
-                rows = [r for r in csv.DictReader(handle) if int(r["epoch"]) <= trainer.epoch]
+                rows = [r for r in csv.DictReader(handle) if int(r["epoch"]) <= run.epoch]
             self._write(rows, mode="w")
 
-    def on_epoch_end(self, trainer: Trainer, row: Mapping[str, Any]) -> None:
+    def on_epoch_end(self, run: RunState, row: Mapping[str, Any]) -> None:
         self._write([row], mode="a")
 
     def _write(self, rows: list[Mapping[str, Any]], mode: str) -> None:
@@ -81,36 +88,41 @@ class ConsoleProgress:
     """
 
     name = "progress"
+    summary = "a progress bar per epoch and one log line per epoch"
+
+    @staticmethod
+    def wanted(config: TrainConfig) -> bool:
+        return True
 
     def __init__(self, stream: Any = None) -> None:
         self.stream = stream or sys.stderr
         self.bar = None
 
-    def on_epoch_start(self, trainer: Trainer) -> None:
+    def on_epoch_start(self, run: RunState) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(
-            total=trainer.steps_in_epoch,
-            desc=f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}",
+            total=run.batches_per_epoch,
+            desc=f"epoch {run.epoch + 1}/{run.config.epochs}",
             file=self.stream,
             disable=not getattr(self.stream, "isatty", lambda: False)(),
             leave=False,
             dynamic_ncols=True,
         )
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, run: RunState) -> None:
         if self.bar is None:
             return
-        self.bar.n = trainer.batch_in_epoch
-        if trainer.logged:
-            self.bar.set_postfix_str(_format(trainer.logged), refresh=False)
+        self.bar.n = run.batch_in_epoch
+        if run.logged:
+            self.bar.set_postfix_str(_format(run.logged), refresh=False)
         self.bar.refresh()
 
-    def on_epoch_end(self, trainer: Trainer, row: Mapping[str, Any]) -> None:
+    def on_epoch_end(self, run: RunState, row: Mapping[str, Any]) -> None:
         if self.bar is not None:
             self.bar.close()
         shown = {k: v for k, v in row.items() if k != "epoch"}
-        log.info("epoch %d/%d  %s", row["epoch"], trainer.cfg.epochs, _format(shown))
+        log.info("epoch %d/%d  %s", row["epoch"], run.config.epochs, _format(shown))
 
 
 def _format(values: Mapping[str, Any]) -> str:
@@ -129,34 +141,44 @@ class PlotWriter:
     Agg backend and bundled fonts (no display, no download)."""
 
     name = "plots"
+    summary = "results.png and pr_curve.png at the end of the run (plots=true)"
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    @staticmethod
+    def wanted(config: TrainConfig) -> bool:
+        return config.plots
+
+    def on_train_end(self, run: RunState) -> None:
         from falconet.training.plots import plot_pr_curve, plot_results
 
-        csv_path = trainer.run_dir / "results.csv"
+        csv_path = run.run_dir / "results.csv"
         if csv_path.exists():
-            plot_results(csv_path, trainer.run_dir / "results.png")
-        if trainer.last_eval is not None and "pr_curve50" in trainer.last_eval.extra:
-            plot_pr_curve(trainer.last_eval, trainer.run_dir / "pr_curve.png")
+            plot_results(csv_path, run.run_dir / "results.png")
+        if run.last_eval is not None and "pr_curve50" in run.last_eval.extra:
+            plot_pr_curve(run.last_eval, run.run_dir / "pr_curve.png")
 
 
 class TensorBoardLogger:
     """Scalars of each epoch row in ``run_dir/tensorboard`` (when tensorboard is installed)."""
 
     name = "tensorboard"
+    summary = "epoch scalars in run_dir/tensorboard, when tensorboard is installed"
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    @staticmethod
+    def wanted(config: TrainConfig) -> bool:
+        return tensorboard_available()
+
+    def on_train_start(self, run: RunState) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(Path(trainer.run_dir) / "tensorboard"))
+        self.writer = SummaryWriter(str(Path(run.run_dir) / "tensorboard"))
 
-    def on_epoch_end(self, trainer: Trainer, row: Mapping[str, Any]) -> None:
+    def on_epoch_end(self, run: RunState, row: Mapping[str, Any]) -> None:
         for key, value in row.items():
             if key != "epoch" and isinstance(value, float):
                 self.writer.add_scalar(key, value, row["epoch"])
         self.writer.flush()
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: RunState) -> None:
         self.writer.close()
 
 
@@ -166,3 +188,7 @@ def tensorboard_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+LOGGERS = (CSVLogger, ConsoleProgress, PlotWriter, TensorBoardLogger)
+"""The core's loggers, registered through ``register_callbacks`` like any plugin's callback."""

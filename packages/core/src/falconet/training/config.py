@@ -6,17 +6,28 @@ in four layers, lowest first: the defaults below, the model family's recipe
 (``ModelFamily.default_recipe``), the dataset's ``train_defaults:`` (a mapping a data yaml may
 hold, such as the built-in ``shapes`` set's small image size), and what the user passes.
 Names that plugins provide (``amp_dtype``, ``graph``, ``assigner``, ``eval_backend``,
-``callbacks``, and the ``profiler`` callback behind ``profile``) are checked against the
-registries when the run is set up, so a missing plugin is reported with its install command.
+``callbacks``) are checked against the registries when the run is set up, so a missing plugin
+is reported with its install command.
+
+:class:`TrainConfig` holds the core's keys only. A plugin declares its own keys
+(:mod:`falconet.keys`); :func:`config_model` makes the run's configuration class from both,
+so every function below takes that class (``model``), :class:`TrainConfig` when no plugin
+adds keys.
 """
 
 from __future__ import annotations
 
 import difflib
+import weakref
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from falconet.known_plugins import known_provider
+
+if TYPE_CHECKING:
+    from falconet.plugins import Plugins
 
 
 class ConfigError(ValueError):
@@ -48,30 +59,8 @@ class TrainConfig(BaseModel):
     )
     graph: str = Field(
         "auto",
-        description="graph backend: auto (whole-step, else cuda-graph, else eager: the first "
-        "that applies), eager, compile, cuda-graph, whole-step",
-    )
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile mode for graph=compile"
-    )
-    fuse: Literal["none", "inductor", "inductor-loss", "inductor-all"] = Field(
-        "none",
-        description="graph=whole-step: Inductor compiles, before capture, the network "
-        "(inductor: BatchNorm, SiLU and copies fused), the loss with its assigner "
-        "(inductor-loss) or both (inductor-all); faster, but not bit for bit, slower to start "
-        "and lower mAP on the overfit check (docs/performance.md)",
-    )
-    wgrad_stream: bool = Field(
-        True,
-        description="graph=whole-step on a GPU: the convolutions' weight gradients run on a "
-        "second stream, beside the input gradients (the same kernels, the same numbers); not "
-        "where fuse compiles the network",
-    )
-    bn_silu: Literal["native", "triton"] = Field(
-        "native",
-        description="graph=whole-step on a GPU: BatchNorm and SiLU as PyTorch's kernels "
-        "(native) or one fused op on Triton kernels (triton: fewer kernels and passes over "
-        "memory, agrees to rounding, not bit for bit; docs/performance.md)",
+        description="graph backend: auto (the installed backend of highest priority that "
+        "applies to the run; `falconet plugins list` shows them), eager, compile, ...",
     )
     assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
     # optimisation
@@ -134,19 +123,6 @@ class TrainConfig(BaseModel):
     callbacks: list[str] = Field(
         default_factory=list, description="extra registered callbacks, comma separated"
     )
-    # profiling (falconet-profiler, docs/profiling.md)
-    profile: bool = Field(
-        False, description="measure a window of steps and say why a step is slow (profiler)"
-    )
-    profile_warmup: int = Field(
-        5, ge=0, description="profile: batches discarded after the first optimizer step"
-    )
-    profile_steps: int = Field(
-        20, ge=2, description="profile: batches measured (half unsynchronised, half synchronised)"
-    )
-    profile_then_stop: bool = Field(
-        False, description="profile: end the run after the window, saving no partial epoch"
-    )
 
     @field_validator("imgsz")
     @classmethod
@@ -179,28 +155,75 @@ class TrainConfig(BaseModel):
 
 
 _BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-KEYS = tuple(TrainConfig.model_fields)
+
+CORE = "falconet-core"
+"""The owner :func:`key_owners` gives the core's own keys."""
 
 
-def check_keys(keys: Mapping[str, Any], where: str = "key") -> None:
-    """Refuse unknown keys, naming the closest known one."""
+def config_model(plugins: Plugins) -> type[TrainConfig]:
+    """The run's configuration class: :class:`TrainConfig` plus every key a plugin declares
+    (``register_train_keys``). Made once per :class:`Plugins`; a key declared twice (by two
+    plugins, or by a plugin and the core) is an error naming both."""
+    made = _MODELS.get(plugins)
+    if made is not None:
+        return made
+    fields: dict[str, Any] = {}
+    owners = dict.fromkeys(TrainConfig.model_fields, CORE)
+    for entry in plugins.train_keys.entries():
+        owner = entry.provenance.distribution
+        for key, info in entry.item.keys.model_fields.items():
+            if key in owners:
+                raise ConfigError(
+                    f"training key {key!r} is declared by both {owners[key]} and {owner} "
+                    f"(key group {entry.name!r}); uninstall one of them"
+                )
+            owners[key] = owner
+            fields[key] = (info.annotation, info)
+    model = create_model("TrainConfig", __base__=TrainConfig, **fields) if fields else TrainConfig
+    _OWNERS[model] = owners
+    _MODELS[plugins] = model
+    return model
+
+
+_MODELS: weakref.WeakKeyDictionary[Plugins, type[TrainConfig]] = weakref.WeakKeyDictionary()
+_OWNERS: dict[type[TrainConfig], dict[str, str]] = {
+    TrainConfig: dict.fromkeys(TrainConfig.model_fields, CORE)
+}
+
+
+def key_owners(model: type[TrainConfig]) -> dict[str, str]:
+    """``{key: distribution that declares it}`` for ``model``'s keys."""
+    return _OWNERS.get(model) or dict.fromkeys(model.model_fields, CORE)
+
+
+def check_keys(
+    keys: Mapping[str, Any], model: type[TrainConfig] = TrainConfig, where: str = "key"
+) -> None:
+    """Refuse unknown keys, naming the closest known one, or the plugin that declares it."""
     for key in keys:
-        if key not in TrainConfig.model_fields:
-            close = difflib.get_close_matches(key, KEYS, n=1)
+        if key not in model.model_fields:
+            provider = known_provider("train_keys", key)
+            if provider:
+                raise ConfigError(
+                    f"unknown {where} {key!r}: it is a key of {provider}, which is not "
+                    f"installed; pip install {provider}"
+                )
+            close = difflib.get_close_matches(key, tuple(model.model_fields), n=1)
             hint = (
                 f"; did you mean {close[0]}=?" if close else "; `falconet train --help` lists all"
             )
             raise ConfigError(f"unknown {where} {key!r}{hint}")
 
 
-def build_config(*layers: Mapping[str, Any]) -> TrainConfig:
-    """Merge ``layers`` (later wins) and validate; errors name the key and what is allowed."""
+def build_config(model: type[TrainConfig], *layers: Mapping[str, Any]) -> TrainConfig:
+    """Merge ``layers`` (later wins) and validate them as ``model``; errors name the key and
+    what is allowed."""
     merged: dict[str, Any] = {}
     for layer in layers:
-        check_keys(layer)
+        check_keys(layer, model)
         merged.update(layer)
     try:
-        return TrainConfig.model_validate(merged)
+        return model.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_explain(exc, merged)) from None
 
@@ -230,12 +253,14 @@ def parse_cli_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
     return keys
 
 
-def describe_keys() -> list[tuple[str, str, str]]:
-    """``(key, default, meaning)`` for every key, in declaration order (for ``--help``)."""
+def describe_keys(model: type[TrainConfig] = TrainConfig) -> list[tuple[str, str, str, str]]:
+    """``(key, default, meaning, owner)`` for every key, the core's first, in declaration
+    order (for ``--help``); ``owner`` is the distribution that declares the key."""
+    owners = key_owners(model)
     rows = []
-    for key, field in TrainConfig.model_fields.items():
+    for key, field in model.model_fields.items():
         shown = format_value(field.get_default(call_default_factory=True))
-        rows.append((key, shown, field.description or ""))
+        rows.append((key, shown, field.description or "", owners.get(key, CORE)))
     return rows
 
 

@@ -10,6 +10,7 @@ from 0 up.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -97,11 +98,23 @@ class Schedule:
                 group["betas"] = (momentum, group["betas"][1])
 
 
+class EMATensors(NamedTuple):
+    """The tensors an EMA update reads and writes, paired with the model's.
+
+    ``floats``: ``(ema's, model's)`` floating-point state, lerped towards the model's;
+    ``others``: ``(ema's, model's)`` integer state (BatchNorm's batch counters), copied."""
+
+    floats: tuple[list[torch.Tensor], list[torch.Tensor]]
+    others: tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
 class ModelEMA:
     """Exponential moving average of a model's floating-point state (weights and BN statistics).
 
     The decay ramps up as ``decay * (1 - exp(-updates / tau))`` so early, poor weights fade fast.
-    Updates run on the device with foreach kernels; nothing is read back to the host.
+    Updates run on the device with foreach kernels; nothing is read back to the host. A graph
+    backend that records the update does :meth:`update`'s work itself from :meth:`tensors` and
+    :meth:`weight`, then counts it with :meth:`advance`.
     """
 
     def __init__(self, model: nn.Module, decay: float, tau: float, updates: int = 0) -> None:
@@ -112,25 +125,35 @@ class ModelEMA:
             param.requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, updates
         self._source: nn.Module | None = None
-        self._floats: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-        self._others: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._tensors = EMATensors(([], []), ([], []))
 
-    def _bind(self, model: nn.Module) -> None:
-        """Pair our state tensors with ``model``'s once (state_dict walks cost host time)."""
-        mine = self.module.state_dict(keep_vars=True)
-        theirs = model.state_dict(keep_vars=True)
-        floats = [k for k in mine if mine[k].dtype.is_floating_point]
-        others = [k for k in mine if not mine[k].dtype.is_floating_point]
-        self._floats = ([mine[k].data for k in floats], [theirs[k].data for k in floats])
-        self._others = ([mine[k].data for k in others], [theirs[k].data for k in others])
-        self._source = model
+    def tensors(self, model: nn.Module) -> EMATensors:
+        """Our state tensors paired with ``model``'s (paired once: state_dict walks cost host
+        time)."""
+        if self._source is not model:
+            mine = self.module.state_dict(keep_vars=True)
+            theirs = model.state_dict(keep_vars=True)
+            floats = [k for k in mine if mine[k].dtype.is_floating_point]
+            others = [k for k in mine if not mine[k].dtype.is_floating_point]
+            self._tensors = EMATensors(
+                ([mine[k].data for k in floats], [theirs[k].data for k in floats]),
+                ([mine[k].data for k in others], [theirs[k].data for k in others]),
+            )
+            self._source = model
+        return self._tensors
+
+    def weight(self, update: int) -> float:
+        """The lerp weight of update number ``update`` (1-based): ``1 - decay x ramp``."""
+        return 1.0 - self.decay * (1 - math.exp(-update / self.tau))
+
+    def advance(self) -> None:
+        """Count an update done outside :meth:`update` (a recorded one)."""
+        self.updates += 1
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        if self._source is not model:
-            self._bind(model)
-        self.updates += 1
-        decay = self.decay * (1 - math.exp(-self.updates / self.tau))
-        torch._foreach_lerp_(*self._floats, 1.0 - decay)
-        if self._others[0]:
-            torch._foreach_copy_(*self._others)
+        floats, others = self.tensors(model)
+        self.advance()
+        torch._foreach_lerp_(*floats, self.weight(self.updates))
+        if others[0]:
+            torch._foreach_copy_(*others)

@@ -1,4 +1,4 @@
-"""From the keys a user passes to a resolved configuration and the run's data loaders.
+"""From the keys a user passes to a resolved run: its configuration, family and weights.
 
 The configuration is layered (see :mod:`falconet.training.config`): defaults, the family's
 recipe, the dataset's ``train_defaults:``, the user's keys. ``resume`` replaces all of that
@@ -8,7 +8,6 @@ with the configuration saved in ``last.pt``; only keys that cannot change the nu
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,20 +15,22 @@ from typing import Any
 
 import torch
 
-from falconet.data.loader import DetectionDataset, build_loader
-from falconet.data.records import DataError, Dataset
+from falconet.data.records import DataError
 from falconet.data.resolve import resolve_data_path
-from falconet.data.transforms import AugmentConfig
 from falconet.data.yolo import read_yaml
-from falconet.interfaces import ModelFamily
+from falconet.interfaces import Callback, ModelFamily
 from falconet.plugins import Plugins
 from falconet.training.checkpoint import load_checkpoint
-from falconet.training.components import latest_checkpoint
-from falconet.training.config import ConfigError, TrainConfig, build_config, check_keys
+from falconet.training.config import (
+    ConfigError,
+    TrainConfig,
+    build_config,
+    check_keys,
+    config_model,
+)
+from falconet.training.run_dir import latest_checkpoint
 
 RESUME_OVERRIDES = ("device", "workers", "resume")
-PROFILER_CALLBACK = "profiler"
-"""The callback ``profile=true`` adds (registered by falconet-profiler)."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,13 @@ class Plan:
     resume_path: Path | None = None
 
 
-def data_defaults(data: str) -> dict[str, Any]:
+def data_defaults(data: str, model: type[TrainConfig] = TrainConfig) -> dict[str, Any]:
     """The ``train_defaults:`` mapping of a data yaml (``{}`` when it has none)."""
     config = read_yaml(resolve_data_path(data))
     hints = config.get("train_defaults") or {}
     if not isinstance(hints, dict):
         raise DataError(f"data={data}: train_defaults must be a mapping of training keys")
-    check_keys(hints, where=f"key in {data}'s train_defaults:")
+    check_keys(hints, model, where=f"key in {data}'s train_defaults:")
     return hints
 
 
@@ -82,7 +83,7 @@ def plan_run(
         checkpoint), used when ``keys`` has no ``model``.
     :param base_weights: that checkpoint's content, when it was one.
     """
-    check_keys(keys)
+    check_keys(keys, config_model(plugins))
     resume = keys.get("resume")
     if resume not in (None, False) and str(resume).lower() not in ("false", "no", "0"):
         return _plan_resume(keys, plugins)
@@ -93,8 +94,13 @@ def plan_run(
     model_name = start["spec"]["model"] if start else str(model)
     family = plugins.families.get(model_name)
     data = keys.get("data") or TrainConfig.model_fields["data"].default
-    layers = (dict(family.default_recipe(model_name)), data_defaults(str(data)), dict(keys))
-    config = build_config(*layers)
+    model_keys = config_model(plugins)
+    layers = (
+        dict(family.default_recipe(model_name)),
+        data_defaults(str(data), model_keys),
+        dict(keys),
+    )
+    config = build_config(model_keys, *layers)
     check_plugins(config, plugins)
     return Plan(config, family, model_name, start["weights"] if start else None)
 
@@ -110,16 +116,19 @@ def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
         plugins.eval_backends.get(config.eval_backend)
     for name in config.callbacks:
         plugins.callbacks.get(name)
-    if config.profile:
-        plugins.callbacks.get(PROFILER_CALLBACK, selector="profile=true")
 
 
-def callback_names(config: TrainConfig) -> list[str]:
-    """The registered callbacks a run adds: ``callbacks``, and ``profiler`` when ``profile``."""
-    names = list(config.callbacks)
-    if config.profile and PROFILER_CALLBACK not in names:
-        names.append(PROFILER_CALLBACK)
-    return names
+def callback_names(config: TrainConfig, plugins: Plugins) -> list[str]:
+    """The registered callbacks a run adds: every one whose ``wanted(config)`` says so (the
+    core's loggers, a plugin's callback behind its own key), in registration order, then
+    those ``callbacks`` names."""
+    names = [e.name for e in plugins.callbacks.entries() if e.item.wanted(config)]
+    return names + [n for n in config.callbacks if n not in names]
+
+
+def build_callbacks(config: TrainConfig, plugins: Plugins) -> list[Callback]:
+    """One instance of each of :func:`callback_names`."""
+    return [plugins.callbacks.get(name)() for name in callback_names(config, plugins)]
 
 
 def _plan_resume(keys: Mapping[str, Any], plugins: Plugins) -> Plan:
@@ -142,62 +151,6 @@ def _plan_resume(keys: Mapping[str, Any], plugins: Plugins) -> Plan:
     saved = dict(state["config"])
     saved.update({k: keys[k] for k in ("device", "workers") if k in keys})
     saved["resume"] = str(path)
-    config = build_config(saved)
+    config = build_config(config_model(plugins), saved)
     model_name = state["spec"]["model"]
     return Plan(config, plugins.families.get(model_name), model_name, None, state, path)
-
-
-def augment_config(cfg: TrainConfig) -> AugmentConfig:
-    return AugmentConfig(
-        mosaic=cfg.mosaic,
-        degrees=cfg.degrees,
-        translate=cfg.translate,
-        scale=cfg.scale,
-        hsv_h=cfg.hsv_h,
-        hsv_s=cfg.hsv_s,
-        hsv_v=cfg.hsv_v,
-        fliplr=cfg.fliplr,
-    )
-
-
-def worker_count(requested: int) -> int:
-    return min(requested, os.cpu_count() or 1)
-
-
-def build_loaders(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device
-) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader | None]:
-    """The training loader (augmented, resumable sampler) and the validation loader."""
-    train = dataset.splits["train"].samples
-    if cfg.fraction < 1:
-        train = train[: max(1, round(len(train) * cfg.fraction))]
-    workers = worker_count(cfg.workers)
-    pin = device.type == "cuda"
-    close_from = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic else None
-    train_set = DetectionDataset(
-        train,
-        cfg.imgsz,
-        augment=augment_config(cfg),
-        cache=cfg.cache,
-        seed=cfg.seed,
-        close_mosaic_from=close_from,
-    )
-    train_loader = build_loader(
-        train_set, cfg.batch, workers=workers, shuffle=True, seed=cfg.seed, pin_memory=pin
-    )
-    val_loader = build_val_loader(cfg, dataset, device) if cfg.val else None
-    return train_loader, val_loader
-
-
-def build_val_loader(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device
-) -> torch.utils.data.DataLoader:
-    """Letterboxed val images in order, twice the training batch per step."""
-    val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cfg.cache)
-    return build_loader(
-        val_set,
-        cfg.batch * 2,
-        workers=worker_count(cfg.workers),
-        shuffle=False,
-        pin_memory=device.type == "cuda",
-    )

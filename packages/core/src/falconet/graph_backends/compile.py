@@ -20,28 +20,47 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal
 
-from falconet.interfaces import DispatchContext
+from pydantic import BaseModel, Field
+
+from falconet.interfaces import GraphContext
+from falconet.keys import KeyGroup
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from falconet.training.step import CaptureStats, StepParts, TrainStep
 
 log = logging.getLogger("falconet.train")
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-class CompileDispatch:
-    """``torch.compile`` the network (the whole capture region), forward and backward."""
+class CompileKeys(BaseModel):
+    """The ``compile`` backend's training key."""
+
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile mode for graph=compile"
+    )
+
+
+COMPILE_KEYS = KeyGroup("compile", "the compile graph backend's mode", CompileKeys)
+
+
+class CompileBackend:
+    """``torch.compile`` the network (the whole capture region), forward and backward; the
+    loss, backward driver and optimizer run as the eager step. Never chosen by ``auto``: it
+    compiles at the start and Inductor's kernels round differently from eager."""
 
     name = "compile"
     summary = "torch.compile the network; compile_mode: " + ", ".join(MODES)
+    priority = None
 
-    def decline_reason(self, context: DispatchContext) -> str | None:
-        mode = context.options.get("compile_mode", "default")
+    def decline_reason(self, context: GraphContext) -> str | None:
+        mode = context.keys(CompileKeys).compile_mode
         if context.capture_region is None:
             return "the model family declares no capture region to compile"
         if mode not in MODES:
@@ -52,16 +71,18 @@ class CompileDispatch:
             return "Inductor needs a C++ compiler on the CPU and none is on PATH"
         if context.device.type == "cpu" and context.precision == "bf16":
             # bf16 convolutions flattened and concatenated (the YOLO head) come out of
-            # Inductor's CPU kernels wrong, often not finite: tools/repro_inductor_bf16_concat.py
+            # Inductor's CPU kernels wrong, often not finite (docs/lab: the CPU bf16 record)
             return (
                 "Inductor's CPU kernels compute bf16 convolution outputs that are flattened and "
-                "concatenated wrongly (tools/repro_inductor_bf16_concat.py); use amp_dtype=fp32 "
-                "to compile on the CPU"
+                "concatenated wrongly; use amp_dtype=fp32 to compile on the CPU"
             )
         return None
 
-    def wrap(self, network: nn.Module, context: DispatchContext) -> Callable[..., Any]:
-        return CompiledNetwork(network, context.options.get("compile_mode", "default"))
+    def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
+        from falconet.training.step import EagerStep
+
+        network = CompiledNetwork(parts.model, context.keys(CompileKeys).compile_mode)
+        return EagerStep(parts, network, network.stats)
 
 
 class CompiledNetwork:
@@ -103,6 +124,12 @@ class CompiledNetwork:
             return self.network(*args, **kwargs)
         self._first = False
         return out
+
+    def stats(self) -> CaptureStats:
+        """A failed compilation counts as a failed capture."""
+        from falconet.training.step import CaptureStats
+
+        return CaptureStats(failed=int(self.failed is not None))
 
 
 def own_grads(params: Iterable[torch.Tensor], owned: set[int]) -> set[int]:

@@ -1,0 +1,1 @@
+"""The core's graph backends: ``eager`` (the reference step) and ``compile``."""

@@ -1,0 +1,164 @@
+"""Assembling a run from its plan: every part the loop and the step are made of, in order.
+
+:func:`assemble` reads as the list of what a run is: the device and its seeds, the data, the
+network (with its starting weights), the precision, the loss with its assigner, the loaders,
+the optimizer with its schedule, the scaler, the EMA, and the step that the chosen graph
+backend builds from those parts (:mod:`falconet.training.step`). Each part comes from a
+registry, so a plugin's part is assembled exactly as a built-in one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from falconet.data.records import DataError, Dataset
+from falconet.data.resolve import load_dataset
+from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend
+from falconet.loss_scaler import LossScaler
+from falconet.plugins import Plugins
+from falconet.training.backends import choose_graph, choose_precision
+from falconet.training.checkpoint import load_matching_weights
+from falconet.training.config import TrainConfig
+from falconet.training.devices import configure_determinism, resolve_device
+from falconet.training.loaders import build_loaders
+from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
+from falconet.training.phases import Phases
+from falconet.training.planning import ModelSpec, Plan
+from falconet.training.step import Progress, StepParts, TrainStep
+
+log = logging.getLogger("falconet.train")
+
+
+@dataclass
+class Run:
+    """Everything a run is made of (:func:`assemble`); the loop owns it."""
+
+    config: TrainConfig
+    family: ModelFamily
+    spec: ModelSpec
+    dataset: Dataset
+    device: torch.device
+    precision: PrecisionBackend
+    model: nn.Module
+    train_loader: torch.utils.data.DataLoader
+    val_loader: torch.utils.data.DataLoader | None
+    accumulate: int
+    optimizer: torch.optim.Optimizer
+    scaler: LossScaler | None
+    ema: ModelEMA | None
+    parts: StepParts
+    graph: str
+    step: TrainStep
+
+    @property
+    def progress(self) -> Progress:
+        return self.parts.progress
+
+    @property
+    def phases(self) -> Phases:
+        return self.parts.phases
+
+
+def assemble(plan: Plan, plugins: Plugins) -> Run:
+    """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
+    cfg = plan.config
+    device = resolve_device(cfg.device)
+    configure_determinism(cfg.seed, cfg.deterministic, device)
+    dataset = load_training_data(cfg)
+    precision = choose_precision(cfg.amp_dtype, device, plugins)
+    model = build_network(plan, len(dataset.names), precision, device)
+    loss = plan.family.build_loss(model, plugins.assigners.get(cfg.assigner))
+    train_loader, val_loader = build_loaders(cfg, dataset, device)
+    batches = train_loader.batch_sampler.batches_per_epoch
+    accumulate = max(round(cfg.nbs / cfg.batch), 1)
+    optimizer = build_optimizer(model, cfg, accumulate)
+    scaler = precision.grad_scaler(device)
+    ema = ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+    parts = StepParts(
+        model=model,
+        loss=loss,
+        optimizer=optimizer,
+        precision=precision,
+        scaler=scaler,
+        ema=ema,
+        clip_grad=cfg.clip_grad,
+        loss_gain=float(cfg.batch),
+        schedule=Schedule(cfg, math.ceil(batches / accumulate)),
+        progress=Progress(),
+        phases=Phases(),
+        device=device,
+    )
+    context = GraphContext(
+        device,
+        precision.name,
+        capture_region=plan.family.capture_region(model),
+        options=cfg.model_dump(),
+        static_loss=plan.family.static_loss(cfg.assigner),
+    )
+    graph, backend = choose_graph(cfg.graph, context, model, plugins)
+    return Run(
+        config=cfg,
+        family=plan.family,
+        spec=ModelSpec(plan.family.name, plan.model_name, tuple(dataset.names)),
+        dataset=dataset,
+        device=device,
+        precision=precision,
+        model=model,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        accumulate=accumulate,
+        optimizer=optimizer,
+        scaler=scaler,
+        ema=ema,
+        parts=parts,
+        graph=graph,
+        step=backend.build_step(parts, context),
+    )
+
+
+def load_training_data(cfg: TrainConfig) -> Dataset:
+    """The dataset's train split (and val split when ``val``), checked and summarised."""
+    dataset = load_dataset(cfg.data, splits=("train", "val") if cfg.val else ("train",))
+    dataset.require_usable()
+    if cfg.val and "val" not in dataset.splits:
+        raise DataError(f"data={cfg.data}: has no val split; add `val:` or pass val=false")
+    for split in dataset.splits.values():
+        (log.warning if split.problems else log.info)("data %s", split.summary())
+    return dataset
+
+
+def build_network(
+    plan: Plan, num_classes: int, precision: PrecisionBackend, device: torch.device
+) -> nn.Module:
+    """The family's network with the plan's starting weights (those whose shapes match),
+    wrapped by the precision backend, channels-last on ``device``."""
+    model = plan.family.build_model(plan.model_name, num_classes)
+    if plan.start_weights is not None:
+        loaded, left_out = load_matching_weights(model, plan.start_weights)
+        skipped = f" (left out, shapes differ: {', '.join(left_out[:6])}" + (
+            ", ...)" if len(left_out) > 6 else ")"
+        )
+        log.info(
+            "weights: %d of %d tensors from the starting checkpoint%s",
+            loaded,
+            loaded + len(left_out),
+            skipped if left_out else "",
+        )
+    model = precision.wrap_model(model)
+    return model.to(device, memory_format=torch.channels_last)
+
+
+def describe(run: Run, run_dir: Any) -> str:
+    """The run's one-line summary for the log."""
+    val = len(run.val_loader.dataset) if run.val_loader else "no"
+    return (
+        f"run {run_dir}: {run.spec.model} on {run.device}, {run.precision.name}, "
+        f"graph={run.graph}, {len(run.train_loader.dataset)} train / {val} val images, "
+        f"accumulate {run.accumulate}"
+    )

@@ -1,0 +1,68 @@
+"""The run's data loaders: the augmented training loader and the validation loader."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from falconet.data.loader import DetectionDataset, build_loader
+from falconet.data.records import Dataset
+from falconet.data.transforms import AugmentConfig
+from falconet.training.config import TrainConfig
+
+
+def augment_config(cfg: TrainConfig) -> AugmentConfig:
+    return AugmentConfig(
+        mosaic=cfg.mosaic,
+        degrees=cfg.degrees,
+        translate=cfg.translate,
+        scale=cfg.scale,
+        hsv_h=cfg.hsv_h,
+        hsv_s=cfg.hsv_s,
+        hsv_v=cfg.hsv_v,
+        fliplr=cfg.fliplr,
+    )
+
+
+def worker_count(requested: int) -> int:
+    return min(requested, os.cpu_count() or 1)
+
+
+def build_loaders(
+    cfg: TrainConfig, dataset: Dataset, device: torch.device
+) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader | None]:
+    """The training loader (augmented, resumable sampler) and the validation loader."""
+    train = dataset.splits["train"].samples
+    if cfg.fraction < 1:
+        train = train[: max(1, round(len(train) * cfg.fraction))]
+    workers = worker_count(cfg.workers)
+    pin = device.type == "cuda"
+    close_from = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic else None
+    train_set = DetectionDataset(
+        train,
+        cfg.imgsz,
+        augment=augment_config(cfg),
+        cache=cfg.cache,
+        seed=cfg.seed,
+        close_mosaic_from=close_from,
+    )
+    train_loader = build_loader(
+        train_set, cfg.batch, workers=workers, shuffle=True, seed=cfg.seed, pin_memory=pin
+    )
+    val_loader = build_val_loader(cfg, dataset, device) if cfg.val else None
+    return train_loader, val_loader
+
+
+def build_val_loader(
+    cfg: TrainConfig, dataset: Dataset, device: torch.device
+) -> torch.utils.data.DataLoader:
+    """Letterboxed val images in order, twice the training batch per step."""
+    val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cfg.cache)
+    return build_loader(
+        val_set,
+        cfg.batch * 2,
+        workers=worker_count(cfg.workers),
+        shuffle=False,
+        pin_memory=device.type == "cuda",
+    )
