@@ -1,5 +1,5 @@
-"""What the replay benchmarks of a trainer's parts share (``bench_blocks.py``,
-``bench_update.py``): their command-line options, a trainer built as ``train`` builds it with
+"""What the replay benchmarks of a trainer's parts share (``bench_update.py``,
+``bench_checkpoint.py``, ``kernel_origins.py``): their command-line options, a trainer built as ``train`` builds it with
 the first batch of its loader on the device (for every precision and batch size asked), and
 the results file's head."""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (kind nvidia-h200-x2), from the repository root, with .whl and .data
-# carried: the kernel-cost levers of issue #8 item 4 side by side, in one call of < 10 min
-# (docs/performance.md, "Kernel cost"). Two lanes, each a list of jobs run in order (knobs
+# carried: the speed levers side by side, with their numerics and accuracy checks, in one call
+# of < 10 min (docs/performance.md says what each lever does; docs/lab/ records the runs). Two lanes, each a list of jobs run in order (knobs
 # lane0 and lane1) on its own GPU (knob gpus, "0 1"; "0 0" on a one-GPU machine, where only
 # jobs that time nothing should share it); each job has a time limit, so a call ends in time.
 # inductor_env (e.g. TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1) is exported to every job.
@@ -17,8 +17,6 @@
 #   bn-silu    tools/bench_bn_silu.py: BatchNorm + SiLU, PyTorch's kernels vs the fused Triton
 #              op (bn_silu=triton), fp16 and bf16, batch 16 and 64: time and error vs float64
 #              (or bn_silu_args, e.g. "--batch 16 --sweep": the op's time under other tilings)
-#   stem       tools/bench_stem.py: the 3-channel stem convolution against inputs padded with
-#              zero channels to 4 and 8 (forward and weight gradient; time, kernels, error)
 #   bn-silu-tiled  after a batch-16 sweep: the fp16 step at batch 16 (fuse=inductor-loss,
 #              bn_silu=triton) with the default tiling and with the sweep's best
 #   step-b16   isolated step (tools/bench_train.py --measures step), bf16, batch 16, arms16
@@ -27,17 +25,8 @@
 #   step-b4    the same at batch 4, arms4 (bf16 and fp16 whole-step)
 #   e2e        end to end (tools/bench_train.py --measures e2e: COCO128 x4, epochs 2-4 of 4,
 #              8 workers), bf16, batch e2e_batch (16, or a list: 4,16,64), e2e_arms
-#   precision  tools/repro_inductor_bf16_concat.py and tools/fused_precision.py on the GPU
-#              (batch 16, 640 px, channels_last): is Inductor's bf16 head right on CUDA, and
-#              are the fused network's gradients further from fp32 than eager's
 #   assigner   tools/bench_assigner.py: the TAL assigner per slot against per box (the
 #              batch's real boxes), batch 16 and 64 (bit-for-bit check and replayed time)
-#   blocks     tools/bench_blocks.py: a training pass (network, loss, backward) before and after the
-#              upsample, SPPF pool and head changes, fp16 and bf16, batch 16 and 64 (or
-#              blocks_args, e.g. "--compile --amp fp16 --variants after,copies")
-#   wgrad      tools/bench_wgrad_overlap.py: a training pass with and without the convolutions'
-#              weight gradients, fp16 and bf16, batch 16 and 64 (what a second stream for them
-#              could save at most)
 #   update     tools/bench_update.py: the whole step's update (clip, SGD, scaler, EMA), whole and
 #              part by part, fp16 and bf16, batch 16
 #   profile    falconet profile run (COCO128, 640 px, cache=ram, 8 workers) with profile_keys
@@ -47,7 +36,7 @@
 #              overfit_amp, bf16 by default) of each of overfit_arms (comma-separated, each
 #              with its seed; an arm's amp_dtype key wins), on overfit_gpus (one per arm run
 #              at once, e.g. 0,0,0)
-# Writes $OUT/<job>.json (precision: repro.json and precision.json) and $OUT/logs.tgz.
+# Writes $OUT/<job>.json and $OUT/logs.tgz.
 set -uo pipefail
 source tools/device/install.sh
 export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
@@ -88,10 +77,6 @@ job() {  # name, gpu
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${bn_silu_timeout:-150}" python \
         bench_bn_silu.py "${extra[@]}" --out "$OUT/bn-silu.json") \
         > /tmp/logs/bn-silu-gpu$2.out 2> /tmp/logs/bn-silu-gpu$2.err ;;
-    stem)
-      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${stem_timeout:-120}" python \
-        bench_stem.py --batch 16,64 --out "$OUT/stem.json") \
-        > /tmp/logs/stem-gpu$2.out 2> /tmp/logs/stem-gpu$2.err ;;
     bn-silu-tiled)  # after `bn-silu` with bn_silu_args="--batch 16 --sweep": the step at
       # batch 16 in fp16 with the default tiling and with the sweep's best, side by side
       best=$(python -c "import json, sys; b = json.load(open(sys.argv[1]))['sweep']['16'][0]['best']
@@ -115,19 +100,6 @@ print(':'.join(f'FALCONET_BN_SILU_{k.upper()}={v}' for k, v in b.items()))" "$OU
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 240 python bench_assigner.py \
         --data ../.data/coco128/coco128.yaml --batch 16,64 --out "$OUT/assigner.json") \
         > /tmp/logs/assigner-gpu$2.out 2> /tmp/logs/assigner-gpu$2.err ;;
-    precision)
-      CUDA_VISIBLE_DEVICES=$2 timeout 120 python tools/repro_inductor_bf16_concat.py \
-        --device cuda > "$OUT/repro.json" 2> /tmp/logs/precision-gpu$2.err
-      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 300 python fused_precision.py --device cuda \
-        --out "$OUT/precision.json") > /tmp/logs/precision-gpu$2.out 2>> /tmp/logs/precision-gpu$2.err ;;
-    blocks)
-      read -r -a extra <<< "${blocks_args:---batch 16,64 --amp fp16,bf16}"
-      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${blocks_timeout:-240}" python bench_blocks.py \
-        "${extra[@]}" --out "$OUT/blocks.json") > /tmp/logs/blocks-gpu$2.out 2> /tmp/logs/blocks-gpu$2.err ;;
-    wgrad)
-      (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout "${wgrad_timeout:-150}" python \
-        bench_wgrad_overlap.py --batch 16,64 --amp fp16,bf16 --out "$OUT/wgrad.json") \
-        > /tmp/logs/wgrad-gpu$2.out 2> /tmp/logs/wgrad-gpu$2.err ;;
     update)
       (cd tools && CUDA_VISIBLE_DEVICES=$2 timeout 180 python bench_update.py --batch 16 \
         --amp fp16,bf16 --out "$OUT/update.json") > /tmp/logs/update-gpu$2.out 2> /tmp/logs/update-gpu$2.err ;;
