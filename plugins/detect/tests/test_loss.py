@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from falconet.data.targets import Targets
 from falconet_detect.assigners import HUNGARIAN, SIMOTA, TAL
 from falconet_detect.assigners.tal import TaskAlignedAssigner
 from falconet_detect.family import YoloFamily
@@ -23,18 +24,12 @@ def tiny_outputs(dtype=torch.float64):
     strides = torch.full((16, 1), 8.0, dtype=dtype)
     box = torch.randn(2, 16, 4 * REG_MAX, dtype=dtype, requires_grad=True)
     cls = torch.randn(2, 16, 3, dtype=dtype, requires_grad=True)
-    batch = {
-        "boxes": torch.tensor(
-            [
-                [[2.0, 3.0, 20.0, 25.0], [0, 0, 0, 0]],
-                [[10.0, 6.0, 30.0, 31.0], [1.0, 1.0, 9.0, 12.0]],
-            ],
-            dtype=dtype,
-        ),
-        "labels": torch.tensor([[2, 0], [0, 1]]),
-        "counts": torch.tensor([1, 2]),
-    }
-    return box, cls, anchors, strides, batch
+    boxes = torch.tensor(
+        [[[2.0, 3.0, 20.0, 25.0], [0, 0, 0, 0]], [[10.0, 6.0, 30.0, 31.0], [1.0, 1.0, 9.0, 12.0]]],
+        dtype=dtype,
+    )
+    targets = Targets.from_padded(boxes, torch.tensor([[2, 0], [0, 1]]), torch.tensor([1, 2]))
+    return box, cls, anchors, strides, targets
 
 
 @pytest.mark.parametrize(
@@ -53,13 +48,13 @@ def test_gradients_match_finite_differences(gains, wrt):
     assigner = TaskAlignedAssigner(topk=3)
     recorded = []
 
-    def record(*args, **kwargs):
-        recorded.append(assigner(*args, **kwargs))
+    def record(predictions, targets):
+        recorded.append(assigner(predictions, targets))
         return recorded[0]
 
     YoloLoss(record)((box, cls, anchors, strides), batch)
     assert recorded[0].foreground.sum() > 0  # some anchors are positive: every term acts
-    loss = YoloLoss(lambda *args, **kwargs: recorded[0], gains)
+    loss = YoloLoss(lambda predictions, targets: recorded[0], gains)
 
     def total(logits):
         outputs = (
@@ -72,8 +67,9 @@ def test_gradients_match_finite_differences(gains, wrt):
 
 @pytest.mark.parametrize("assigner", [TAL, SIMOTA, HUNGARIAN], ids=lambda a: a.name)
 def test_loss_is_finite_positive_with_padding_and_empty_images(assigner):
-    box, cls, anchors, strides, batch = tiny_outputs(torch.float32)
-    batch["counts"] = torch.tensor([0, 1])
+    box, cls, anchors, strides, full = tiny_outputs(torch.float32)
+    # image 0 without boxes, image 1 with one: the boxes past the counts are padding
+    batch = Targets.from_padded(full.boxes, full.labels, torch.tensor([0, 1]))
     value, parts = YoloLoss(assigner)((box, cls, anchors, strides), batch)
     assert torch.isfinite(value) and value > 0
     assert set(parts) == {"box", "cls", "dfl"}
@@ -90,7 +86,7 @@ def test_overfits_one_coco128_batch(tmp_path, monkeypatch):
 
     samples = load_dataset(COCO128, splits=("train",)).splits["train"].samples[:4]
     batch = collate([DetectionDataset(samples, 256)[i] for i in range(4)])
-    images = batch["images"].float() / 255
+    images, targets = batch["images"].float() / 255, Targets.from_batch(batch)
     torch.manual_seed(0)
     family = YoloFamily()
     net = family.build_model("yolo-n", 80)
@@ -98,7 +94,7 @@ def test_overfits_one_coco128_batch(tmp_path, monkeypatch):
     optimizer = torch.optim.AdamW(net.parameters(), lr=2e-3)
     first = last = None
     for _ in range(120):
-        value, _ = loss(net(images), batch)
+        value, _ = loss(net(images), targets)
         optimizer.zero_grad()
         value.backward()
         optimizer.step()
@@ -118,25 +114,6 @@ def test_loss_under_bf16_autocast_is_computed_in_fp32(assigner):
     outside, _ = YoloLoss(assigner)(outputs, batch)
     assert inside.dtype == torch.float32
     assert inside.item() == outside.item()
-
-
-def test_an_assigner_without_box_rows_is_called_as_before():
-    """An assigner written before the per-box view (no ``box_rows`` parameter) still trains:
-    the loss calls it without the rows, and the loss is the same as with ``tal`` per box."""
-    from falconet.data.targets import box_rows
-
-    class PerSlotOnly:
-        name, summary = "per-slot-only", "an assigner with the original signature"
-
-        def __call__(self, pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels,
-                     gt_counts, anchor_strides=None):  # fmt: skip
-            return TAL(pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels, gt_counts)
-
-    box, cls, anchors, strides, batch = tiny_outputs()
-    batch["box_images"], batch["box_slots"] = box_rows(batch["counts"])
-    old, _ = YoloLoss(PerSlotOnly())((box, cls, anchors, strides), batch)
-    new, _ = YoloLoss(TAL)((box, cls, anchors, strides), batch)
-    assert torch.equal(old, new)
 
 
 def two_gather_dfl(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from falconet.data.targets import takes_box_rows
-from falconet.interfaces import Assigner
+from falconet.data.targets import Targets
+from falconet.interfaces import Assigner, Predictions
 from falconet_detect.boxes import ciou, decode, encode
 from falconet_detect.network import REG_MAX
 
@@ -23,33 +23,30 @@ GAINS = {"box": 7.5, "cls": 0.5, "dfl": 1.5}
 
 
 class YoloLoss:
-    """``loss(outputs, batch) -> (total, {"box", "cls", "dfl"})``.
+    """``loss(outputs, targets) -> (total [], {"box", "cls", "dfl"})``, each part ``[]``.
 
     :param assigner: any registered assigner.
     :param outputs: the network's ``(box [B, A, 4 * reg_max], cls [B, A, C], anchors [A, 2],
         strides [A, 1])``.
-    :param batch: ``boxes [B, M, 4]`` xyxy pixels of the network input, ``labels [B, M]`` and
-        ``counts [B]`` (the padded targets of ``falconet.data.loader.collate``), and where
-        present ``box_images``/``box_slots``, handed to the assigner
-        (:mod:`falconet.data.targets`).
+    :param targets: the batch's :class:`falconet.data.targets.Targets` (boxes xyxy pixels of
+        the network input), handed to the assigner with the detached predictions.
     """
 
     def __init__(self, assigner: Assigner, gains: Mapping[str, float] | None = None) -> None:
         self.assigner = assigner
         self.gains = dict(GAINS, **(gains or {}))
-        self._rows = takes_box_rows(assigner)
         self._bins: dict[tuple, torch.Tensor] = {}
 
     def __call__(
-        self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
+        self, outputs: tuple[torch.Tensor, ...], targets: Targets
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # the loss and the assignment run outside autocast, in at least fp32: the network may
         # run in bf16, its targets and distribution expectations may not
         with torch.autocast(outputs[0].device.type, enabled=False):
-            return self._loss(outputs, batch)
+            return self._loss(outputs, targets)
 
     def _loss(
-        self, outputs: tuple[torch.Tensor, ...], batch: Mapping[str, torch.Tensor]
+        self, outputs: tuple[torch.Tensor, ...], targets: Targets
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         box_logits, cls_logits, anchors, strides = outputs
         dtype = torch.promote_types(box_logits.dtype, torch.float32)
@@ -61,17 +58,10 @@ class YoloLoss:
         bins = self._bins[key]
         distances = box_logits.view(b, a, 4, REG_MAX).softmax(-1) @ bins
         pred_boxes = decode(distances, anchors, strides)
-        rows = self._rows and "box_images" in batch
-        target = self.assigner(
-            cls_logits.detach().sigmoid(),
-            pred_boxes.detach(),
-            anchors,
-            batch["boxes"].to(dtype),
-            batch["labels"],
-            batch["counts"],
-            anchor_strides=strides,
-            **({"box_rows": (batch["box_images"], batch["box_slots"])} if rows else {}),
+        predictions = Predictions(
+            cls_logits.detach().sigmoid(), pred_boxes.detach(), anchors, strides
         )
+        target = self.assigner(predictions, targets)
         norm = target.scores.sum().clamp(min=1.0)
         cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm
         weight = target.scores.sum(-1) * target.foreground  # [B, A]

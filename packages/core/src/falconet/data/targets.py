@@ -1,4 +1,4 @@
-"""The padded ground truth of a batch, and its bucket.
+"""A batch's ground truth, typed: :class:`Targets`, padded and bucketed.
 
 A batch's targets (``falconet.interfaces`` has the conventions) come in two views of the same
 boxes, both static-shaped per bucket:
@@ -9,18 +9,18 @@ boxes, both static-shaped per bucket:
   every real box, ``N`` the next power of two of the batch's total box count, padded with
   image ``B`` (no image) and slot 0.
 
-With mosaic, one image's box count is several times the mean, so most of ``[B, M]`` is padding
-(on COCO128 at batch 16, ``M`` was 64 in half the batches measured, for 90-150 real boxes:
-one slot in eight real), and an assigner that works per box (``tal``) does that much less
-work; docs/performance.md has the measurements. The **bucket** of a batch is ``(M, N)``: a
-graph backend records one graph per bucket and replays a batch in any recorded bucket at
-least as large, padded up to it with :func:`pad_targets`.
+With mosaic, one image's box count is several times the mean, so most of ``[B, M]`` is
+padding, and an assigner that works per box (``tal``) does that much less work
+(docs/performance.md). The **bucket** of a batch is ``(M, N)``: a graph backend records one
+graph per bucket and replays a batch in any recorded bucket at least as large (:func:`fits`),
+padded up to it with :meth:`Targets.padded`. The loader yields dict batches under
+:data:`TARGET_KEYS`; :meth:`Targets.from_batch` picks them out.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -44,49 +44,68 @@ def box_rows(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def target_bucket(targets: dict[str, torch.Tensor]) -> tuple[int, ...]:
-    """``(M, N)`` of these targets (``(M,)`` for targets without the per-box view)."""
-    bucket = (targets["boxes"].shape[1],)
-    if "box_images" in targets:
-        bucket += (targets["box_images"].shape[0],)
-    return bucket
-
-
-def fits(batch: tuple[int, ...], bucket: tuple[int, ...]) -> bool:
-    """Whether targets of bucket ``batch`` can be padded up to ``bucket``."""
+def fits(batch: tuple[int, int], bucket: tuple[int, int]) -> bool:
+    """Whether targets of bucket ``batch`` can be padded up to ``bucket`` (both ``(M, N)``)."""
     return len(batch) == len(bucket) and all(b <= r for b, r in zip(batch, bucket, strict=True))
 
 
-def pad_targets(
-    targets: dict[str, torch.Tensor], bucket: tuple[int, ...]
-) -> dict[str, torch.Tensor]:
-    """The same targets in the larger ``bucket``: ``boxes``/``labels`` padded with zero slots
-    to ``M``, ``box_images``/``box_slots`` with rows of no image to ``N`` (``counts``
-    unchanged). Padding changes no loss: every assigner ignores slots past ``counts`` and rows
-    of image ``B``."""
-    m = targets["boxes"].shape[1]
-    out = {k: targets[k] for k in TARGET_KEYS if k in targets}
-    if bucket[0] > m:
-        b = targets["boxes"].shape[0]
-        out["boxes"] = torch.cat(
-            (targets["boxes"], targets["boxes"].new_zeros(b, bucket[0] - m, 4)), 1
-        )
-        out["labels"] = torch.cat(
-            (targets["labels"], targets["labels"].new_zeros(b, bucket[0] - m)), 1
-        )
-    if len(bucket) > 1 and bucket[1] > targets["box_images"].shape[0]:
-        pad = bucket[1] - targets["box_images"].shape[0]
-        images, slots = targets["box_images"], targets["box_slots"]
-        out["box_images"] = torch.cat((images, images.new_full((pad,), targets["boxes"].shape[0])))
-        out["box_slots"] = torch.cat((slots, slots.new_zeros(pad)))
-    return out
+@dataclass(frozen=True, eq=False)
+class Targets:
+    """The padded ground truth of a batch, in both views (module docstring).
 
+    * ``boxes [B, M, 4]`` float32, xyxy pixels of the network input; slots past ``counts``
+      are zeros;
+    * ``labels [B, M]`` int64, class indices (0 past ``counts``);
+    * ``counts [B]`` int64, the real boxes of each image;
+    * ``box_images [N]`` int64, the image of each real box, ``B`` on padding rows;
+    * ``box_slots [N]`` int64, its slot in ``boxes``/``labels``, 0 on padding rows.
 
-def takes_box_rows(assigner: Callable) -> bool:
-    """Whether ``assigner`` accepts ``box_rows`` (a parameter of that name or ``**kwargs``):
-    an assigner written before the per-box view existed is called without it."""
-    try:
-        parameters = inspect.signature(assigner).parameters.values()
-    except (TypeError, ValueError):  # a callable without an inspectable signature
-        return False
-    return any(p.name == "box_rows" or p.kind is p.VAR_KEYWORD for p in parameters)
+    Every assigner and loss ignores slots past ``counts`` and rows of image ``B``, so padding
+    changes no result. An assigner that works per slot simply ignores the per-box view.
+    """
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    counts: torch.Tensor
+    box_images: torch.Tensor
+    box_slots: torch.Tensor
+
+    @classmethod
+    def from_batch(cls, batch: Mapping[str, torch.Tensor]) -> Targets:
+        """The targets among a loader batch's keys (:data:`TARGET_KEYS`)."""
+        return cls(*(batch[k] for k in TARGET_KEYS))
+
+    @classmethod
+    def from_padded(
+        cls, boxes: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor
+    ) -> Targets:
+        """Targets of per-image padded ``boxes [B, M, 4]``, ``labels [B, M]`` and ``counts
+        [B]``, the per-box view made from ``counts`` on the host (:func:`box_rows`; reading
+        counts that live on a GPU synchronises it, so the loader makes the view instead)."""
+        images, slots = box_rows(counts.cpu())
+        return cls(boxes, labels, counts, images.to(counts.device), slots.to(counts.device))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Targets:
+        """The same targets on ``device``."""
+        moved = (getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self))
+        return Targets(*moved)
+
+    @property
+    def bucket(self) -> tuple[int, int]:
+        """``(M, N)``: the slots per image and the rows of the per-box view."""
+        return self.boxes.shape[1], self.box_images.shape[0]
+
+    def padded(self, bucket: tuple[int, int]) -> Targets:
+        """The same targets in the larger ``bucket`` (:func:`fits`): ``boxes``/``labels``
+        padded with zero slots to ``M``, ``box_images``/``box_slots`` with rows of no image
+        to ``N`` (``counts`` unchanged); a view that already has that size is kept as is."""
+        (m, n), (to_m, to_n) = self.bucket, bucket
+        boxes, labels, images, slots = self.boxes, self.labels, self.box_images, self.box_slots
+        if to_m > m:
+            b = boxes.shape[0]
+            boxes = torch.cat((boxes, boxes.new_zeros(b, to_m - m, 4)), 1)
+            labels = torch.cat((labels, labels.new_zeros(b, to_m - m)), 1)
+        if to_n > n:
+            images = torch.cat((images, images.new_full((to_n - n,), self.boxes.shape[0])))
+            slots = torch.cat((slots, slots.new_zeros(to_n - n)))
+        return Targets(boxes, labels, self.counts, images, slots)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
 from falconet.interfaces import Assigner
 
+if TYPE_CHECKING:
+    from falconet.data.targets import Targets
+    from falconet.interfaces import Predictions
 
-def assigner_inputs(seed: int = 0) -> dict[str, Any]:
+
+def assigner_inputs(seed: int = 0) -> tuple[Predictions, Targets]:
     """Three images on an 8x8 grid (stride 8, 64 anchors), 4 classes, up to 6 boxes each:
-    image 0 has 3 boxes, image 1 none, image 2 six (no padding)."""
+    image 0 has 3 boxes, image 1 none, image 2 six (no padding slots)."""
     import torch
+
+    from falconet.data.targets import Targets
+    from falconet.interfaces import Predictions
 
     g = torch.Generator().manual_seed(seed)
     ys, xs = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
@@ -25,15 +32,13 @@ def assigner_inputs(seed: int = 0) -> dict[str, Any]:
     gt_labels = torch.randint(0, 4, (3, 6), generator=g) * real
     half = 4 + torch.rand(3, 64, 2, generator=g) * 8
     pred_boxes = torch.cat((anchors - half, anchors + half), -1)
-    return {
-        "pred_scores": torch.rand(3, 64, 4, generator=g),
-        "pred_boxes": pred_boxes,
-        "anchor_points": anchors,
-        "gt_boxes": gt_boxes,
-        "gt_labels": gt_labels,
-        "gt_counts": counts,
-        "anchor_strides": torch.full((64, 1), 8.0),
-    }
+    predictions = Predictions(
+        scores=torch.rand(3, 64, 4, generator=g),
+        boxes=pred_boxes,
+        anchor_points=anchors,
+        anchor_strides=torch.full((64, 1), 8.0),
+    )
+    return predictions, Targets.from_padded(gt_boxes, gt_labels, counts)
 
 
 class AssignerContract:
@@ -42,15 +47,15 @@ class AssignerContract:
     assigner: ClassVar[Assigner]
 
     @pytest.fixture(params=[0, 1, 2], ids=lambda s: f"seed{s}")
-    def case(self, request: pytest.FixtureRequest) -> tuple[dict[str, Any], Any]:
+    def case(self, request: pytest.FixtureRequest) -> tuple[tuple[Predictions, Targets], Any]:
         inputs = assigner_inputs(request.param)
-        return inputs, self.assigner(**inputs)
+        return inputs, self.assigner(*inputs)
 
     def test_shapes_and_dtypes(self, case) -> None:
         import torch
 
-        inputs, out = case
-        b, a, c = inputs["pred_scores"].shape
+        (predictions, _), out = case
+        b, a, c = predictions.scores.shape
         assert out.labels.shape == (b, a) and out.labels.dtype == torch.int64
         assert out.boxes.shape == (b, a, 4) and out.scores.shape == (b, a, c)
         assert out.foreground.shape == (b, a)
@@ -61,12 +66,12 @@ class AssignerContract:
         assert (out.scores.gt(0).sum(-1) <= 1).all()  # one class target per anchor at most
 
     def test_foreground_anchors_get_a_real_box_of_their_image(self, case) -> None:
-        inputs, out = case
-        for b, count in enumerate(inputs["gt_counts"].tolist()):
+        (_, targets), out = case
+        for b, count in enumerate(targets.counts.tolist()):
             real = {
                 (int(label), tuple(box.tolist()))
                 for label, box in zip(
-                    inputs["gt_labels"][b, :count], inputs["gt_boxes"][b, :count], strict=True
+                    targets.labels[b, :count], targets.boxes[b, :count], strict=True
                 )
             }
             for anchor in out.foreground[b].nonzero().flatten().tolist():
@@ -88,24 +93,19 @@ class AssignerContract:
         import torch
 
         inputs, out = case
-        again = self.assigner(**inputs)
+        again = self.assigner(*inputs)
         assert torch.equal(out.foreground, again.foreground)
         assert torch.equal(out.labels, again.labels) and torch.equal(out.scores, again.scores)
 
-    @pytest.mark.parametrize("spare", [0, 8], ids=["rows", "padded-rows"])
-    def test_box_rows_give_the_same_assignment(self, case, spare: int) -> None:
-        """With the batch's real boxes passed as ``box_rows`` (``falconet.data.targets``),
-        the assignment is the same bit for bit, also with padding rows beyond them."""
+    @pytest.mark.parametrize("bucket", [(6, 32), (16, 16), (16, 32)], ids=str)
+    def test_padding_to_a_larger_bucket_changes_nothing(self, case, bucket) -> None:
+        """The same targets padded to a larger bucket (more slots per image, more rows of
+        no image: :meth:`falconet.data.targets.Targets.padded`) give the same assignment
+        bit for bit: a graph backend replays a batch in a larger recorded bucket."""
         import torch
 
-        from falconet.data.targets import box_rows, takes_box_rows
-
-        if not takes_box_rows(self.assigner):
-            pytest.skip("this assigner takes no box_rows; losses call it without them")
-        inputs, out = case
-        images, slots = box_rows(inputs["gt_counts"])
-        images = torch.cat((images, images.new_full((spare,), len(inputs["gt_counts"]))))
-        slots = torch.cat((slots, slots.new_zeros(spare)))
-        rows = self.assigner(**inputs, box_rows=(images, slots))
+        (predictions, targets), out = case
+        padded = self.assigner(predictions, targets.padded(bucket))
+        assert targets.padded(bucket).bucket == bucket
         for field in ("labels", "boxes", "scores", "foreground"):
-            assert torch.equal(getattr(rows, field), getattr(out, field)), field
+            assert torch.equal(getattr(padded, field), getattr(out, field)), field

@@ -9,19 +9,26 @@ from falconet.interfaces import Assigner, ModelFamily
 
 
 def tiny_batch(size: int = 64, classes: int = 3) -> dict[str, Any]:
-    """Two images with a bright square each, padded targets as the collate makes them."""
+    """Two images with a bright square each, padded targets as the collate makes them
+    (``images``, and the :data:`falconet.data.targets.TARGET_KEYS`)."""
     import torch
+
+    from falconet.data.targets import box_rows
 
     images = torch.zeros(2, 3, size, size)
     images[0, :, 8:40, 8:40] = 1.0
     images[1, 0, 20:60, 16:48] = 1.0
+    counts = torch.tensor([1, 1])
+    images_of_boxes, slots = box_rows(counts)
     return {
         "images": images,
         "boxes": torch.tensor(
             [[[8.0, 8.0, 40.0, 40.0], [0, 0, 0, 0]], [[16.0, 20.0, 48.0, 60.0], [0, 0, 0, 0]]]
         ),
         "labels": torch.tensor([[1, 0], [classes - 1, 0]]),
-        "counts": torch.tensor([1, 1]),
+        "counts": counts,
+        "box_images": images_of_boxes,
+        "box_slots": slots,
     }
 
 
@@ -48,22 +55,28 @@ class FamilyContract:
     def test_loss_is_finite_and_positive(self) -> None:
         import torch
 
+        from falconet.data.targets import Targets
+
         net = self._build()
         batch = tiny_batch()
-        value, parts = self.family.build_loss(net, self.assigner)(net(batch["images"]), batch)
+        targets = Targets.from_batch(batch)
+        value, parts = self.family.build_loss(net, self.assigner)(net(batch["images"]), targets)
         assert value.ndim == 0 and torch.isfinite(value) and value > 0
         assert all(torch.isfinite(v) for v in parts.values())
 
     def test_loss_falls_when_overfitting_one_batch(self) -> None:
         import torch
 
+        from falconet.data.targets import Targets
+
         net = self._build()
         batch = tiny_batch()
+        targets = Targets.from_batch(batch)
         loss = self.family.build_loss(net, self.assigner)
         optimizer = torch.optim.AdamW(net.parameters(), lr=2e-3)
         values = []
         for _ in range(self.steps):
-            value, _ = loss(net(batch["images"]), batch)
+            value, _ = loss(net(batch["images"]), targets)
             optimizer.zero_grad()
             value.backward()
             optimizer.step()

@@ -1,4 +1,5 @@
-"""Label assigners: standalone no-grad functions of (predictions, padded targets).
+"""Label assigners: standalone no-grad functions ``(Predictions, Targets) -> Assignment``
+(:mod:`falconet.interfaces`, :mod:`falconet.data.targets`).
 
 What the plugin registers is a :class:`LazyAssigner`: its name and summary cost nothing, and
 the implementation (which imports torch) loads on the first call.
@@ -7,7 +8,11 @@ the implementation (which imports torch) loads on the first call.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from falconet.data.targets import Targets
+    from falconet.interfaces import Assignment, Predictions
 
 
 class LazyAssigner:
@@ -17,11 +22,11 @@ class LazyAssigner:
         self.name, self.summary, self._target, self._options = name, summary, target, options
         self._impl: Any = None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
         if self._impl is None:
             module, cls = self._target.split(":")
             self._impl = getattr(import_module(module), cls)(**self._options)
-        return self._impl(*args, **kwargs)
+        return self._impl(predictions, targets)
 
 
 TAL = LazyAssigner(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from falconet.interfaces import Assignment
+from falconet.data.targets import Targets
+from falconet.interfaces import Assignment, Predictions
 
 
 def one_hot(index: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
@@ -19,15 +20,15 @@ def assignment(
     owner: torch.Tensor,
     foreground: torch.Tensor,
     strength: torch.Tensor,
-    gt_boxes: torch.Tensor,
-    gt_labels: torch.Tensor,
-    classes: int,
-    dtype: torch.dtype,
+    predictions: Predictions,
+    targets: Targets,
 ) -> Assignment:
-    """The :class:`Assignment` of anchors to boxes ``owner [B, A]`` (slot indices), with
+    """The :class:`Assignment` of anchors to ``targets``' boxes ``owner [B, A]`` (slots), with
     ``foreground [B, A]`` (1 or 0) and the class-target ``strength [B, A]``: every assigner
-    ends here, so all of them hand the loss the same layout."""
-    labels = gt_labels.gather(1, owner)
-    boxes = gt_boxes.gather(1, owner[..., None].expand(*owner.shape, 4))
+    ends here, so all of them hand the loss the same layout (class targets in the dtype of
+    the predicted scores)."""
+    classes, dtype = predictions.scores.shape[-1], predictions.scores.dtype
+    labels = targets.labels.gather(1, owner)
+    boxes = targets.boxes.gather(1, owner[..., None].expand(*owner.shape, 4))
     scores = one_hot(labels, classes, dtype) * (foreground * strength)[..., None]
     return Assignment(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

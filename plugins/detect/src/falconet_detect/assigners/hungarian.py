@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from falconet.interfaces import Assignment
+from falconet.data.targets import Targets
+from falconet.interfaces import Assignment, Predictions
 from falconet_detect.assigners.common import assignment
 from falconet_detect.boxes import pairwise_giou, pairwise_iou
 
@@ -28,22 +29,15 @@ class HungarianAssigner:
         self.cls_weight, self.l1_weight, self.giou_weight = cls_weight, l1_weight, giou_weight
 
     @torch.no_grad()
-    def __call__(
-        self,
-        pred_scores: torch.Tensor,
-        pred_boxes: torch.Tensor,
-        anchor_points: torch.Tensor,
-        gt_boxes: torch.Tensor,
-        gt_labels: torch.Tensor,
-        gt_counts: torch.Tensor,
-        anchor_strides: torch.Tensor | None = None,
-        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # unused: works per slot
-    ) -> Assignment:
+    def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
+        """Per slot (``[B, M, A]``): the per-box view is not used."""
+        pred_scores, pred_boxes = predictions.scores, predictions.boxes
+        gt_boxes, gt_labels = targets.boxes, targets.labels
         from scipy.optimize import linear_sum_assignment
 
-        batch, anchors, classes = pred_scores.shape
+        batch, anchors, _ = pred_scores.shape
         slots = gt_boxes.shape[1]
-        extent = anchor_points.max().clamp(min=1.0) * 2  # about the image size, pixels
+        extent = predictions.anchor_points.max().clamp(min=1.0) * 2  # about the image size, pixels
         probs = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
         l1 = (gt_boxes[:, :, None] - pred_boxes[:, None]).abs().sum(-1) / extent
         cost = (
@@ -51,7 +45,7 @@ class HungarianAssigner:
             + self.l1_weight * l1
             - self.giou_weight * pairwise_giou(gt_boxes, pred_boxes)
         )  # [B, M, A]
-        host = torch.cat((cost.flatten().float(), gt_counts.float())).cpu()  # the one sync
+        host = torch.cat((cost.flatten().float(), targets.counts.float())).cpu()  # the one sync
         costs = host[:-batch].view(batch, slots, anchors).numpy()
         counts = host[-batch:].long().tolist()
         owner = torch.zeros(batch, anchors, dtype=torch.int64)
@@ -64,6 +58,4 @@ class HungarianAssigner:
         owner = owner.to(device, non_blocking=True)
         foreground = foreground.to(device, non_blocking=True)
         quality = pairwise_iou(gt_boxes, pred_boxes).gather(1, owner[:, None]).squeeze(1)
-        return assignment(
-            owner, foreground, quality, gt_boxes, gt_labels, classes, pred_scores.dtype
-        )
+        return assignment(owner, foreground, quality, predictions, targets)

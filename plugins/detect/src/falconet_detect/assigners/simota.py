@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from falconet.interfaces import Assignment
+from falconet.data.targets import Targets
+from falconet.interfaces import Assignment, Predictions
 from falconet_detect.assigners.common import assignment, one_hot
 from falconet_detect.boxes import pairwise_iou
 
@@ -30,31 +31,22 @@ class SimOTAAssigner:
         self.candidates, self.radius, self.iou_weight = candidates, radius, iou_weight
 
     @torch.no_grad()
-    def __call__(
-        self,
-        pred_scores: torch.Tensor,
-        pred_boxes: torch.Tensor,
-        anchor_points: torch.Tensor,
-        gt_boxes: torch.Tensor,
-        gt_labels: torch.Tensor,
-        gt_counts: torch.Tensor,
-        anchor_strides: torch.Tensor | None = None,
-        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # unused: works per slot
-    ) -> Assignment:
-        batch, anchors, classes = pred_scores.shape
+    def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
+        """Per slot (``[B, M, A]``): the per-box view is not used."""
+        pred_scores, pred_boxes = predictions.scores, predictions.boxes
+        gt_boxes, gt_labels = targets.boxes, targets.labels
+        batch, anchors, _ = pred_scores.shape
         slots = gt_boxes.shape[1]
-        real = (torch.arange(slots, device=gt_boxes.device)[None] < gt_counts[:, None]).float()
-        points = anchor_points[None, None]  # [1, 1, A, 2]
+        real = (torch.arange(slots, device=gt_boxes.device)[None] < targets.counts[:, None]).float()
+        points = predictions.anchor_points[None, None]  # [1, 1, A, 2]
         inside = (
             torch.cat(
                 (points - gt_boxes[:, :, None, :2], gt_boxes[:, :, None, 2:] - points), -1
             ).amin(-1)
             > 0
         )
-        if anchor_strides is None:
-            raise ValueError("simota needs anchor_strides: the centre radius is in strides")
         centres = (gt_boxes[..., :2] + gt_boxes[..., 2:]) / 2
-        radius = self.radius * anchor_strides.reshape(1, 1, anchors, 1)
+        radius = self.radius * predictions.anchor_strides.reshape(1, 1, anchors, 1)
         near = ((points - centres[:, :, None]).abs() < radius).all(-1)
         candidate = (inside | near).float() * real[..., None]  # [B, M, A]
         ious = pairwise_iou(gt_boxes, pred_boxes) * candidate
@@ -70,6 +62,4 @@ class SimOTAAssigner:
         chosen = torch.where(chosen.sum(1, keepdim=True) > 1, cheapest * chosen, chosen)
         foreground = chosen.sum(1).clamp(max=1)
         quality = (ious * chosen).sum(1)  # IoU with the assigned box: the class target
-        return assignment(
-            chosen.argmax(1), foreground, quality, gt_boxes, gt_labels, classes, pred_scores.dtype
-        )
+        return assignment(chosen.argmax(1), foreground, quality, predictions, targets)

@@ -6,17 +6,16 @@ best-aligned anchors whose centres lie inside it; an anchor claimed by several b
 the one it overlaps most. Soft classification targets are the alignment, rescaled per box so
 its best anchor's target equals that anchor's IoU.
 
-Every mask is a multiplication and every selection a ``topk``, ``gather`` or ``where`` over
-tensors whose shapes depend only on ``B``, ``A``, ``C`` and the padded box count ``M``.
+It works on the batch's real boxes (the per-box view of :class:`falconet.data.targets.Targets`),
+``[N, A]`` tensors rather than ``[B, M, A]``: with mosaic about one slot in eight is a real
+box (docs/performance.md). Where the rule reduces over an image's boxes, it reduces over that
+image's rows with ``index_add_`` (sums of 0 and 1, exact in any order) and ``index_reduce_``
+(maxima and minima, exact in any order), so the assignment is bit for bit the per-slot
+formulation's (``plugins/detect/tests/test_tal.py`` keeps that formulation as the reference).
 
-Given the batch's real boxes (``box_rows``, :mod:`falconet.data.targets`), the same assignment
-is computed per box, ``[N, A]`` instead of ``[B, M, A]``: with mosaic about one slot in eight
-is a real box, and the per-slot form spent most of its time on padding (1.44 against 0.47 ms
-at batch 16, 5.38 against 1.35 ms at batch 64, replayed on an H200; docs/performance.md).
-Where the per-slot form reduces over an image's slots, the per-box form reduces over the rows
-of that image with ``index_add_`` (sums of 0 and 1, exact in any order) and
-``index_reduce_`` (maxima and minima, exact in any order), so both give the same assignment
-bit for bit for finite predictions (tested; on the GPU on the trainer's own batches too).
+Every mask is a multiplication and every selection a ``topk``, ``gather``, ``where`` or an
+indexed reduction over tensors whose shapes depend only on ``B``, ``A``, ``C`` and the bucket
+``(M, N)``: static-shaped and free of host synchronisation, so the whole step can be one graph.
 """
 
 from __future__ import annotations
@@ -25,8 +24,9 @@ import warnings
 
 import torch
 
-from falconet.interfaces import Assignment
-from falconet_detect.assigners.common import assignment, one_hot
+from falconet.data.targets import Targets
+from falconet.interfaces import Assignment, Predictions
+from falconet_detect.assigners.common import assignment
 from falconet_detect.boxes import pairwise_iou
 
 EPS = 1e-9
@@ -46,63 +46,21 @@ class TaskAlignedAssigner:
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
     @torch.no_grad()
-    def __call__(
-        self,
-        pred_scores: torch.Tensor,
-        pred_boxes: torch.Tensor,
-        anchor_points: torch.Tensor,
-        gt_boxes: torch.Tensor,
-        gt_labels: torch.Tensor,
-        gt_counts: torch.Tensor,
-        anchor_strides: torch.Tensor | None = None,
-        box_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> Assignment:
-        if box_rows is not None:
-            return self._per_box(
-                pred_scores, pred_boxes, anchor_points, gt_boxes, gt_labels, *box_rows
-            )
-        batch, anchors, classes = pred_scores.shape
-        slots = gt_boxes.shape[1]
-        real = (torch.arange(slots, device=gt_boxes.device)[None] < gt_counts[:, None]).float()
-        inside = centres_inside(anchor_points, gt_boxes).float() * real[..., None]  # [B, M, A]
-        scores = pred_scores.gather(2, gt_labels[:, None, :].expand(batch, anchors, slots))
-        ious = pairwise_iou(gt_boxes, pred_boxes) * inside  # [B, M, A]
-        align = scores.transpose(1, 2).pow(self.alpha) * ious.pow(self.beta) * inside
-        top = align.topk(min(self.topk, anchors), dim=-1).indices
-        chosen = torch.zeros_like(align).scatter_(-1, top, 1.0) * inside  # [B, M, A]
-        claimed = chosen.sum(1, keepdim=True)  # [B, 1, A]
-        best = one_hot(ious.argmax(1), slots, chosen.dtype).transpose(1, 2)
-        chosen = torch.where(claimed > 1, best * inside, chosen)
-        foreground = chosen.sum(1).clamp(max=1)  # [B, A]
-        align = align * chosen
-        scale = (ious * chosen).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + EPS)
-        strength = (align * scale).amax(1)  # [B, A]
-        return assignment(
-            chosen.argmax(1), foreground, strength, gt_boxes, gt_labels, classes, pred_scores.dtype
-        )
-
-    def _per_box(
-        self,
-        pred_scores: torch.Tensor,
-        pred_boxes: torch.Tensor,
-        anchor_points: torch.Tensor,
-        gt_boxes: torch.Tensor,
-        gt_labels: torch.Tensor,
-        image: torch.Tensor,
-        slot: torch.Tensor,
-    ) -> Assignment:
-        """:meth:`__call__`'s assignment over the ``N`` rows of ``box_rows`` (row ``n`` is
-        box ``slot[n]`` of image ``image[n]``; image ``B`` marks padding)."""
-        batch, anchors, classes = pred_scores.shape
-        slots = gt_boxes.shape[1]
+    def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
+        """Row ``n`` of the per-box view is box ``box_slots[n]`` of image ``box_images[n]``;
+        image ``B`` marks padding. Intermediates are ``[N, A]``; per image ``[B + 1, A]``."""
+        batch, anchors, _ = predictions.scores.shape
+        slots = targets.boxes.shape[1]
+        image, slot = targets.box_images, targets.box_slots
         real = (image < batch).float()
         owner_image = image.clamp(max=batch - 1)
-        boxes, labels = gt_boxes[owner_image, slot], gt_labels[owner_image, slot]  # [N, 4], [N]
-        inside = centres_inside(anchor_points, boxes[None])[0].float() * real[:, None]  # [N, A]
+        boxes = targets.boxes[owner_image, slot]  # [N, 4]
+        labels = targets.labels[owner_image, slot]  # [N]
+        inside = centres_inside(predictions.anchor_points, boxes[None])[0].float() * real[:, None]
         every_anchor = torch.arange(anchors, device=image.device)
-        scores = pred_scores[owner_image[:, None], every_anchor, labels[:, None]]
-        ious = pairwise_iou(boxes[:, None], pred_boxes[owner_image])[:, 0] * inside
-        align = scores.pow(self.alpha) * ious.pow(self.beta) * inside
+        scores = predictions.scores[owner_image[:, None], every_anchor, labels[:, None]]
+        ious = pairwise_iou(boxes[:, None], predictions.boxes[owner_image])[:, 0] * inside
+        align = scores.pow(self.alpha) * ious.pow(self.beta) * inside  # [N, A]
         top = align.topk(min(self.topk, anchors), dim=-1).indices
         chosen = torch.zeros_like(align).scatter_(-1, top, 1.0) * inside
 
@@ -114,22 +72,21 @@ class TaskAlignedAssigner:
                 return out.index_add_(0, image, values)
             return out.index_reduce_(0, image, values, reduce, include_self=True)
 
+        # an anchor claimed by several boxes goes to the one it overlaps most, the first slot
+        # among equals (as an argmax over slots would)
         slot_value = slot[:, None].to(ious.dtype)
         claimed = per_image(chosen, "sum", 0.0)[image]  # [N, A]: boxes claiming the anchor
         best_iou = per_image(ious, "amax", 0.0)[image]
-        # the per-slot form's argmax takes the first slot of the largest IoU; so does this
         ranked = torch.where(ious == best_iou, slot_value, float(slots))
         best = (slot_value == per_image(ranked, "amin", float(slots))[image]).to(chosen.dtype)
         chosen = torch.where(claimed > 1, best * inside, chosen)
-        foreground = per_image(chosen, "sum", 0.0)[:batch].clamp(max=1)
+        foreground = per_image(chosen, "sum", 0.0)[:batch].clamp(max=1)  # [B, A]
         align = align * chosen
         scale = (ious * chosen).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + EPS)
         strength = per_image(align * scale, "amax", 0.0)[:batch]
         # at most one chosen row per anchor and image now: the sum is that row's slot
         owner = per_image(chosen * slot_value, "sum", 0.0)[:batch].long()
-        return assignment(
-            owner, foreground, strength, gt_boxes, gt_labels, classes, pred_scores.dtype
-        )
+        return assignment(owner, foreground, strength, predictions, targets)
 
 
 def centres_inside(anchor_points: torch.Tensor, gt_boxes: torch.Tensor) -> torch.Tensor:
