@@ -56,6 +56,22 @@ def test_installed_plugin_is_discovered(installed_falconet_plugins):
     assert "example-steps" in plugins.callbacks and "example-hello" in plugins.commands
 
 
+def test_the_example_backend_is_chosen_by_name_only(installed_falconet_plugins):
+    """``priority = None``: ``graph=auto`` never picks it; its callback is never added
+    unless ``callbacks=`` names it."""
+    from falconet.training.backends import auto_order
+    from falconet.training.config import config_model
+    from falconet.training.planning import callback_names
+
+    plugins = installed_falconet_plugins
+    assert plugins.graph_backends.get("example-counting").priority is None
+    assert "example-counting" not in auto_order(plugins)
+    config = config_model(plugins)()
+    assert "example-steps" not in callback_names(config, plugins)
+    named = config.model_copy(update={"callbacks": ["example-steps"]})
+    assert callback_names(named, plugins)[-1] == "example-steps"
+
+
 def test_plugins_list_shows_installed_plugins_with_their_hooks(falconet_cli):
     result = falconet_cli("plugins", "list", "--check")
     assert result.returncode == 0, result.stderr

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from falconet import __version__
 from falconet.cli import build_cli
-from falconet.dispatch import EagerDispatch
+from falconet.graph_backends.eager import EagerBackend
 
 
 def invoke(plugins, *args):
@@ -38,24 +38,24 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
         __version__,
         "falconet.builtin",
         "ok",
-        "register_commands",
-        "data,",
-        "eval,",
-        "plugins,",
-        "predict,",
-        "train,",
-        "val",
+        "register_callbacks",
+        "csv,",
+        "plots,",
+        "progress,",
+        "tensorboard",
     ]
-    assert [line.split() for line in lines[2:5]] == [
+    assert [line.split() for line in lines[2:7]] == [
+        ["register_commands", "data,", "eval,", "plugins,", "predict,", "train,", "val"],
         ["register_eval_backends", "pycocotools"],
         ["register_graph_backends", "compile,", "eager"],
         ["register_precision_backends", "bf16,", "fp16,", "fp32"],
+        ["register_train_keys", "compile"],
     ]
     assert lines[-1] == f"falconet {__version__}: 1 plugins, 0 broken"
 
 
 def test_plugins_list_json_schema(falconet_plugins, add_falconet_plugin):
-    class Fast(EagerDispatch):
+    class Fast(EagerBackend):
         name, summary = "fast", "goes fast"
 
     add_falconet_plugin(

@@ -1,6 +1,6 @@
-"""The ``compile`` graph backend: when it declines, what it does when compiling fails, that a
-compiled network computes what the eager one does (CPU Inductor), and the gradient copy that
-gradient accumulation needs under CUDA graph trees."""
+"""The ``compile`` graph backend: its key, when it declines, the step it builds, what it does
+when compiling fails, that a compiled network computes what the eager one does (CPU Inductor),
+and the gradient copy that gradient accumulation needs under CUDA graph trees."""
 
 from __future__ import annotations
 
@@ -11,12 +11,18 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.compile_dispatch import CompileDispatch, own_grads
-from falconet.interfaces import DispatchContext
+from falconet.graph_backends.compile import CompileBackend, CompiledNetwork, own_grads
+from falconet.interfaces import GraphContext
+from falconet.plugins import Plugins
+from falconet.precision import FP32
+from falconet.training.config import ConfigError, TrainConfig, build_config, config_model
+from falconet.training.optimization import Schedule
+from falconet.training.phases import Phases
+from falconet.training.step import CaptureStats, EagerStep, Progress, StepParts
 
 
-def _context(device="cpu", region=True, precision="fp32", **options) -> DispatchContext:
-    return DispatchContext(
+def _context(device="cpu", region=True, precision="fp32", **options) -> GraphContext:
+    return GraphContext(
         torch.device(device),
         precision,
         capture_region=nn.Identity() if region else None,
@@ -24,15 +30,56 @@ def _context(device="cpu", region=True, precision="fp32", **options) -> Dispatch
     )
 
 
+def _parts(model: nn.Module) -> StepParts:
+    cfg = build_config(TrainConfig, {"epochs": 1})
+    return StepParts(
+        model=model,
+        loss=lambda outputs, targets: (outputs.float().pow(2).mean(), {}),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        precision=FP32,
+        scaler=None,
+        ema=None,
+        clip_grad=0.0,
+        loss_gain=1.0,
+        schedule=Schedule(cfg, 1),
+        progress=Progress(),
+        phases=Phases(),
+        device=torch.device("cpu"),
+    )
+
+
+def test_compile_mode_is_the_backends_own_key():
+    model = config_model(Plugins(env={}).load_builtins())
+    assert "compile_mode" not in TrainConfig.model_fields  # the core's keys do not name it
+    assert build_config(model, {"compile_mode": "reduce-overhead"}).compile_mode == (
+        "reduce-overhead"
+    )
+    assert build_config(model).compile_mode == "default"
+    with pytest.raises(
+        ConfigError, match="compile_mode='fast': expected 'default', 'reduce-overhead' or"
+    ):
+        build_config(model, {"compile_mode": "fast"})
+
+
 def test_declines_with_a_reason():
-    backend = CompileDispatch()
+    backend = CompileBackend()
+    assert backend.priority is None  # never chosen by graph=auto
     assert "no capture region" in backend.decline_reason(_context(region=False))
     reason = backend.decline_reason(_context(compile_mode="reduce-overhead"))
     assert "needs a CUDA device" in reason
-    assert "not one of" in backend.decline_reason(_context(compile_mode="fast"))
     if any(map(shutil.which, ("c++", "g++", "clang++"))):  # else that is the reason given
         assert "use amp_dtype=fp32" in backend.decline_reason(_context(precision="bf16"))
         assert backend.decline_reason(_context(precision="fp32")) is None
+
+
+def test_builds_an_eager_step_around_the_compiled_network():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.SiLU())
+    parts = _parts(net)
+    step = CompileBackend().build_step(parts, _context(compile_mode="max-autotune-no-cudagraphs"))
+    assert isinstance(step, EagerStep) and step.parts is parts
+    assert isinstance(step.network, CompiledNetwork) and step.network.network is net
+    assert step.network.mode == "max-autotune-no-cudagraphs" and not step.network.mark_step
+    assert step.stats() == CaptureStats()  # nothing tried yet
 
 
 def test_a_failed_compile_is_logged_and_the_call_runs_eager(caplog):
@@ -45,12 +92,14 @@ def test_a_failed_compile_is_logged_and_the_call_runs_eager(caplog):
         inductor_config.patch({"cpp.cxx": ("/nonexistent/c++",)}),
         caplog.at_level(logging.ERROR, logger="falconet.train"),
     ):
-        wrapped = CompileDispatch().wrap(net, _context())
+        step = CompileBackend().build_step(_parts(net), _context())
+        wrapped = step.network
         out = wrapped(x)
     torch.testing.assert_close(out, net(x))
     assert "failed to compile the network: InductorError" in caplog.text
     assert "/nonexistent/c++" in caplog.text and "continues with graph=eager" in caplog.text
     assert wrapped.failed is not None
+    assert step.stats() == CaptureStats(failed=1)  # the step reports the failed capture
     torch.testing.assert_close(wrapped(x), net(x))  # eager from then on
 
 
@@ -60,7 +109,7 @@ def test_compiled_network_matches_eager_forward_and_backward():
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU())
     x = torch.rand(2, 3, 16, 16)
     probe = torch.randn(2, 8, 16, 16)  # a loss whose gradient does not vanish through BN
-    wrapped = CompileDispatch().wrap(net, _context())
+    wrapped = CompiledNetwork(net, "default")
     eager_out = net(x)
     (eager_out * probe).sum().backward()
     eager_grad = net[0].weight.grad.clone()

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 
 import click
 import pytest
+from pydantic import BaseModel, Field
 
 from falconet import hookspecs
-from falconet.dispatch import EagerDispatch
+from falconet.graph_backends.eager import EagerBackend
+from falconet.keys import KeyGroup
 from falconet.precision import AutocastPrecision
 
 
@@ -19,6 +21,7 @@ class Family:
     def build_model(self, model, num_classes): ...
     def build_loss(self, model, assigner): ...
     def default_recipe(self, model): ...
+    def static_loss(self, assigner): ...
     def capture_region(self, model): ...
     def postprocess(self, outputs, image_sizes): ...
 
@@ -30,7 +33,7 @@ class Assigner:
 
 
 class EvalBackend:
-    name, summary = "toy-eval", "toy evaluator"
+    name, summary, priority = "toy-eval", "toy evaluator", -1
 
     def version(self):
         return "1"
@@ -42,8 +45,15 @@ class EvalBackend:
 class Callback:
     name, summary = "toy-logger", "logs nothing"
 
+    def wanted(self, config):
+        return False
+
     def __call__(self, **options):
         return self
+
+
+class ToyKeys(BaseModel):
+    toy_depth: int = Field(2, description="how deep the toy goes")
 
 
 @click.command("toy")
@@ -51,8 +61,8 @@ def toy_command():
     """A toy command."""
 
 
-class Dispatch(EagerDispatch):
-    name = "toy-dispatch"
+class Graph(EagerBackend):
+    name, priority = "toy-graph", None
 
 
 VALID = {
@@ -60,9 +70,10 @@ VALID = {
     "assigners": (Assigner(), "nearest"),
     "eval_backends": (EvalBackend(), "toy-eval"),
     "precision_backends": (AutocastPrecision("toy-fp32", "plain"), "toy-fp32"),
-    "graph_backends": (Dispatch(), "toy-dispatch"),
+    "graph_backends": (Graph(), "toy-graph"),
     "commands": (toy_command, "toy"),
     "callbacks": (Callback(), "toy-logger"),
+    "train_keys": (KeyGroup("toy-keys", "the toy's keys", ToyKeys), "toy-keys"),
 }
 
 
@@ -90,3 +101,39 @@ def test_hook_refuses_an_item_of_the_wrong_kind(kind, add_falconet_plugin):
     assert record.status == "broken"
     assert record.failure.type == "InvalidItemError"
     assert "toy-dist" in record.failure.message and "does not satisfy" in record.failure.message
+
+
+class NoWanted:
+    """A callback factory of the old seam: no ``wanted(config)``."""
+
+    name, summary = "old-logger", "logs nothing"
+
+    def __call__(self, **options):
+        return self
+
+
+class NoPriority:
+    """An eval backend of the old seam: no ``priority`` for ``eval_backend=auto``."""
+
+    name, summary = "old-eval", "toy evaluator"
+
+    def version(self):
+        return "1"
+
+    def evaluate(self, ground_truth, detections, *, threads=None):
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "item", "interface"),
+    [
+        ("callbacks", NoWanted(), "CallbackFactory"),
+        ("eval_backends", NoPriority(), "EvalBackend"),
+    ],
+)
+def test_hook_refuses_an_item_missing_what_auto_needs(kind, item, interface, add_falconet_plugin):
+    plugin = SimpleNamespace(**{f"register_{kind}": lambda register: register(item)})
+    record = add_falconet_plugin(plugin, distribution="toy-dist")
+    assert record.status == "broken"
+    assert record.failure.type == "InvalidItemError"
+    assert interface in record.failure.message

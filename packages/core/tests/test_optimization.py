@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.training.config import build_config
+from falconet.training.config import TrainConfig, build_config
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer, parameter_groups
 
 
@@ -27,7 +27,7 @@ def test_groups_keep_decay_off_norms_and_biases():
 
 
 def test_weight_decay_scales_with_the_nominal_batch():
-    cfg = build_config({"batch": 8, "nbs": 64, "weight_decay": 5e-4})
+    cfg = build_config(TrainConfig, {"batch": 8, "nbs": 64, "weight_decay": 5e-4})
     optimizer = build_optimizer(_net(), cfg, accumulate=8)
     assert optimizer.param_groups[0]["weight_decay"] == pytest.approx(5e-4)
     optimizer = build_optimizer(_net(), cfg, accumulate=4)  # 32 images per step, not 64
@@ -36,6 +36,7 @@ def test_weight_decay_scales_with_the_nominal_batch():
 
 def test_schedule_warms_up_then_decays():
     cfg = build_config(
+        TrainConfig,
         {
             "epochs": 10,
             "lr0": 0.01,
@@ -44,7 +45,7 @@ def test_schedule_warms_up_then_decays():
             "warmup_bias_lr": 0.1,
             "momentum": 0.9,
             "warmup_momentum": 0.8,
-        }
+        },
     )
     optimizer = build_optimizer(_net(), cfg, accumulate=1)
     schedule = Schedule(cfg, steps_per_epoch=20)
@@ -60,7 +61,9 @@ def test_schedule_warms_up_then_decays():
     schedule.apply(optimizer, step=500, epoch=9)
     assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.01 * 0.19] * 3)
     assert optimizer.param_groups[0]["momentum"] == pytest.approx(0.9)
-    cosine = Schedule(build_config({"epochs": 10, "lrf": 0.1, "schedule": "cosine"}), 20)
+    cosine = Schedule(
+        build_config(TrainConfig, {"epochs": 10, "lrf": 0.1, "schedule": "cosine"}), 20
+    )
     assert cosine.decay(0) == pytest.approx(1.0) and cosine.decay(10) == pytest.approx(0.1)
     assert cosine.decay(5) == pytest.approx(0.55)
 
@@ -80,8 +83,33 @@ def test_ema_follows_weights_with_a_ramped_decay_and_copies_integer_buffers():
 
 
 def test_adamw_bias_warm_up_starts_no_higher_than_lr0():
-    cfg = build_config({"optimizer": "adamw", "lr0": 0.002, "warmup_bias_lr": 0.1, "epochs": 10})
+    cfg = build_config(
+        TrainConfig, {"optimizer": "adamw", "lr0": 0.002, "warmup_bias_lr": 0.1, "epochs": 10}
+    )
     optimizer = build_optimizer(_net(), cfg, accumulate=1)
     Schedule(cfg, steps_per_epoch=20).apply(optimizer, step=0, epoch=0)
     assert optimizer.param_groups[2]["lr"] == pytest.approx(0.002)
     assert optimizer.param_groups[0]["betas"][0] == pytest.approx(0.8)
+
+
+def test_ema_update_from_its_tensors_and_weight_matches_update():
+    """What a recorded step does in place of :meth:`ModelEMA.update`: lerp the paired tensors
+    by ``weight(updates + 1)``, copy the integer ones, then ``advance``."""
+    net = _net()
+    by_update, by_hand = ModelEMA(net, decay=0.9, tau=2.0), ModelEMA(net, decay=0.9, tau=2.0)
+    with torch.no_grad():
+        net[0].weight.add_(1.0)
+    net[1].num_batches_tracked += 3
+    by_update.update(net)
+    floats, others = by_hand.tensors(net)
+    assert by_hand.tensors(net) is by_hand.tensors(net)  # paired once per model
+    assert by_hand.weight(1) == pytest.approx(1 - 0.9 * (1 - math.exp(-1 / 2.0)))
+    with torch.no_grad():
+        torch._foreach_lerp_(*floats, by_hand.weight(by_hand.updates + 1))
+        torch._foreach_copy_(*others)
+    by_hand.advance()
+    assert by_hand.updates == by_update.updates == 1
+    for mine, theirs in zip(
+        by_hand.module.state_dict().values(), by_update.module.state_dict().values(), strict=True
+    ):
+        assert torch.equal(mine, theirs)

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from falconet import hookspecs
-from falconet.dispatch import EagerDispatch
+from falconet.graph_backends.eager import EagerBackend
 from falconet.plugins import PluginLoadError, Plugins, get_plugins, reset_plugins
 from falconet.registry import UnknownNameError
 
 
-class Named(EagerDispatch):
+class Named(EagerBackend):
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -31,6 +31,11 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.precision_backends.names() == ["bf16", "fp16", "fp32"]
     assert falconet_plugins.graph_backends.names() == ["compile", "eager"]
     assert falconet_plugins.eval_backends.names() == ["pycocotools"]
+    # the core's loggers are registered callbacks like any plugin's, and compile_mode is the
+    # built-in compile backend's own key group
+    assert falconet_plugins.callbacks.names() == ["csv", "plots", "progress", "tensorboard"]
+    assert falconet_plugins.train_keys.names() == ["compile"]
+    assert list(falconet_plugins.train_keys.get("compile").keys.model_fields) == ["compile_mode"]
     commands = ["data", "eval", "plugins", "predict", "train", "val"]
     assert falconet_plugins.commands.names() == commands
     (record,) = falconet_plugins.records
@@ -40,10 +45,12 @@ def test_builtins_register_through_the_manager(falconet_plugins):
         "ok",
     )
     assert record.hooks == [
+        "register_callbacks",
         "register_commands",
         "register_eval_backends",
         "register_graph_backends",
         "register_precision_backends",
+        "register_train_keys",
     ]
     assert falconet_plugins.graph_backends.entry("eager").provenance.distribution == "falconet-core"
 

@@ -23,12 +23,13 @@ ACME = Provenance("acme", "acme-graphs", "2.0")
 class Backend:
     name: str
     summary: str = "test backend"
+    priority: int | None = None
 
     def decline_reason(self, context):
         return None
 
-    def wrap(self, network, context):
-        return network
+    def build_step(self, parts, context):
+        return None
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Family:
     def build_model(self, model, num_classes): ...
     def build_loss(self, model, assigner): ...
     def default_recipe(self, model): ...
+    def static_loss(self, assigner): ...
     def capture_region(self, model): ...
     def postprocess(self, outputs, image_sizes): ...
 
@@ -88,6 +90,25 @@ def test_refuses_an_item_that_does_not_satisfy_the_interface():
     registry = graph_registry()
     with pytest.raises(InvalidItemError, match=r"acme-graphs 2\.0.*GraphBackend"):
         registry.add(object(), ACME)
+
+
+@dataclass
+class OldBackend:
+    """A backend of the old seam: ``wrap(network, context)``, no ``build_step``, no priority."""
+
+    name: str
+    summary: str = "old backend"
+
+    def decline_reason(self, context):
+        return None
+
+    def wrap(self, network, context):
+        return network
+
+
+def test_refuses_a_graph_backend_of_the_old_seam():
+    with pytest.raises(InvalidItemError, match="GraphBackend"):
+        graph_registry().add(OldBackend("old"), ACME)
 
 
 def test_unknown_name_lists_available_and_closest_match():

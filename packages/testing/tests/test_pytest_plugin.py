@@ -18,6 +18,9 @@ def test_add_plugin_registers_on_the_fresh_manager(falconet_plugins, add_falcone
     class Steps:
         name, summary = "steps", "count steps"
 
+        def wanted(self, config):
+            return False
+
         def __call__(self, **options):
             return self
 

@@ -25,6 +25,12 @@ def _train_step(backend: PrecisionBackend, device_name: str) -> None:
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = backend.grad_scaler(device)
+    from falconet.loss_scaler import LossScaler
+
+    assert scaler is None or isinstance(scaler, LossScaler), (
+        f"{backend.name}: grad_scaler must return a falconet.loss_scaler.LossScaler or None "
+        f"(a graph backend drives it on the device), got {type(scaler).__name__}"
+    )
     images = torch.rand(2, 3, 16, 16, device=device)
     with backend.autocast(device):
         loss = model(images).float().pow(2).mean()
