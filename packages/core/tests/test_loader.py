@@ -220,3 +220,51 @@ def test_stop_workers_ends_persistent_workers_and_the_loader_still_works(tmp_pat
     assert same(first, list(loader))  # new workers, same batches
     stop_workers(loader)
     stop_workers(build_loader(dataset, 4, workers=0))  # no workers: nothing to stop
+
+
+class WorkerSeeds(DetectionDataset):
+    """Each sample's ``image_id`` is the global torch seed of the process that loaded it."""
+
+    def __getitem__(self, key):
+        return {**super().__getitem__(key), "image_id": torch.initial_seed()}
+
+
+def test_loading_never_draws_from_the_global_torch_generator(tmp_path):
+    """A DataLoader without its own generator draws its workers' base seed from the global
+    one at every ``iter``; a resumed run makes one such call more than the run it continues,
+    so the RNG state it saved at its end differed. The loader's own generator leaves the
+    global one alone, and augmentation still differs from epoch to epoch."""
+    dataset = DetectionDataset(
+        known_pixels(tmp_path / "img", 8), 96, augment=AugmentConfig(), seed=2
+    )
+    runs = {}
+    for workers in (0, 2):
+        loader = build_loader(dataset, 4, workers=workers, shuffle=False, seed=2)
+        torch.manual_seed(11)
+        state = torch.get_rng_state()
+        runs[workers] = batches(loader, epochs=(0, 1))
+        loader.batch_sampler.set_epochs(0, 2)
+        runs[workers] += list(loader)
+        assert torch.equal(torch.get_rng_state(), state), f"workers={workers}"
+        stop_workers(loader)
+    assert same(runs[0], runs[2])
+    assert same(runs[0][:4], runs[0][4:])  # one iterator over both epochs: the same batches
+    for a, b in zip(runs[0][:2], runs[0][2:4], strict=True):  # epochs 0 and 1, same samples
+        assert torch.equal(a["image_ids"], b["image_ids"])
+        assert not torch.equal(a["images"], b["images"])
+
+
+def test_worker_seeds_differ_between_workers_and_follow_the_first_epoch(tmp_path):
+    dataset = WorkerSeeds(known_pixels(tmp_path / "img", 8), 96, seed=4)
+
+    def seeds(first: int) -> list[int]:
+        loader = build_loader(dataset, 2, workers=2, seed=4)
+        loader.batch_sampler.set_epochs(first, first + 1)
+        found = [s for b in loader for s in b["image_ids"].tolist()]
+        stop_workers(loader)
+        return found
+
+    at_0 = seeds(0)
+    assert len(set(at_0)) == 2 and max(at_0) - min(at_0) == 1  # base + worker id
+    assert seeds(0) == at_0  # a run of this seed starting at epoch 0 gets them again
+    assert set(seeds(3)).isdisjoint(at_0)  # a resume at epoch 3 gets seeds of its own

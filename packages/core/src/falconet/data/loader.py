@@ -5,6 +5,13 @@ Determinism: every random choice for a sample (mosaic partners, affine, colour, 
 whatever the number of workers or ranks. The sampler yields ``(epoch, index)`` pairs, so the
 epoch (and with it ``close_mosaic``) reaches persistent workers, which never see
 ``set_epoch`` calls made in the main process.
+
+Data loading never draws from the global torch generator: a :class:`DataLoader` without a
+``generator`` draws its iterator's base seed (the workers' seeds) from it at every
+``iter(loader)``, and a resumed run makes one such call more after restoring the saved RNG
+states than the uninterrupted run made at that point, so the states saved at its end differed.
+:class:`EpochLoader` holds its own generator and seeds it at each ``iter`` from the run's seed
+and the first epoch of the span it starts (:func:`worker_base_seed`).
 """
 
 from __future__ import annotations
@@ -267,6 +274,40 @@ class EpochBatchSampler(torch.utils.data.Sampler):
         return epochs * self.batches_per_epoch - skipped
 
 
+def worker_base_seed(seed: int, epoch: int) -> int:
+    """The seed of a loader's own generator when an iterator starts at ``epoch``.
+
+    Worker ``i`` of that iterator has torch's and Python's global seed ``base + i`` (and a
+    NumPy seed derived from both), where ``base`` is the generator's first draw: the workers
+    differ from each other, the seed changes with the epoch, and a resumed run starting at
+    ``epoch`` draws its workers' seeds from the same state as any other run of that seed
+    starting there. falconet's own augmentation does not read them (it draws from
+    ``(seed, epoch, index)``); they are for a dataset or transform that uses a global RNG.
+    """
+    words = np.random.SeedSequence([seed, epoch, 0x6C6F6164]).generate_state(2, np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])  # below 2**63: a valid manual_seed
+
+
+class EpochLoader(torch.utils.data.DataLoader):
+    """A :class:`~torch.utils.data.DataLoader` over an :class:`EpochBatchSampler` whose
+    workers' seeds come from its own generator, never from the global torch generator.
+
+    Each ``iter`` seeds ``self.generator`` with :func:`worker_base_seed` of ``seed`` and the
+    batch sampler's first epoch before torch draws the iterator's base seed from it, so the
+    draw depends on where the span starts, not on how many iterators came before (a run that
+    restores the global RNG states on resume reproduces them exactly at its end). Persistent
+    workers keep the seeds of the iterator that started them.
+    """
+
+    def __init__(self, *args: Any, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, generator=torch.Generator(), **kwargs)
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.generator.manual_seed(worker_base_seed(self.seed, self.batch_sampler.first))
+        return super().__iter__()
+
+
 def _worker_init(_worker_id: int) -> None:
     import cv2
 
@@ -305,17 +346,19 @@ def build_loader(
     world_size: int = 1,
     pin_memory: bool | None = None,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset`` whose batches come from an :class:`EpochBatchSampler`
-    (``loader.batch_sampler``; one epoch unless ``set_epochs`` spans more).
+    """An :class:`EpochLoader` over ``dataset`` whose batches come from an
+    :class:`EpochBatchSampler` (``loader.batch_sampler``; one epoch unless ``set_epochs``
+    spans more).
 
     Workers are persistent (no re-fork per epoch; :func:`stop_workers` ends them); pinned
-    memory when CUDA is present.
+    memory when CUDA is present. Iterating draws nothing from the global torch generator.
     """
     sampler = EpochSampler(
         len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size
     )
-    return torch.utils.data.DataLoader(
+    return EpochLoader(
         dataset,
+        seed=seed,
         batch_sampler=EpochBatchSampler(sampler, batch),
         num_workers=workers,
         collate_fn=collate,
