@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from falconet import ops
-from falconet.training.config import TrainConfig
+from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
 
@@ -219,7 +219,7 @@ def test_whole_step_choice_of_the_fused_op(value, device, mode, caplog):
     """``bn_silu=triton`` gives the whole step the mode on a GPU, with a warning that it is
     not bit for bit; on the CPU it says why it runs PyTorch's kernels."""
     with caplog.at_level(logging.INFO, logger="falconet.train"):
-        got = fused_bn_silu(TrainConfig(bn_silu=value), torch.device(device))
+        got = fused_bn_silu(GraphsCudaKeys(bn_silu=value), torch.device(device))
     assert isinstance(got, FusedBatchNormSiLU) is mode
     if value == "triton":
         assert ("not bit for bit" if mode else "need a CUDA device") in caplog.text
@@ -230,7 +230,7 @@ def test_fused_op_refused_with_a_compiled_network(fuse):
     """TorchDynamo traces the family's ``F.silu(bn(x))``, not the mode: the two together
     would silently be Inductor's BatchNorm, so they are refused, saying what works."""
     with pytest.raises(ValueError, match="fuse=inductor-loss"):
-        fused_bn_silu(TrainConfig(bn_silu="triton", fuse=fuse), torch.device("cuda"))
+        fused_bn_silu(GraphsCudaKeys(bn_silu="triton", fuse=fuse), torch.device("cuda"))
 
 
 def test_tiling_from_the_environment():
@@ -270,11 +270,16 @@ def test_residual_added_and_output_written_into_a_channel_slice():
     x = (torch.randn(shape) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
     res = torch.randn(shape).contiguous(memory_format=torch.channels_last)
     dz = torch.randn(shape)
-    buffer = torch.full((2, 40, 7, 5), float("nan")).contiguous(memory_format=torch.channels_last)
+    cat = ops.ChannelConcat(40)
+    cat.buffer = torch.full((2, 40, 7, 5), float("nan")).contiguous(
+        memory_format=torch.channels_last
+    )
+    buffer = cat.buffer
     bn, reference = _bn(16), _bn(16).double()
     xs, rs = x.clone().requires_grad_(), res.clone().requires_grad_()
+    cat.part(8)
     with FusedBatchNormSiLU(interpret=True):
-        z = ops.batch_norm_silu(xs, bn, rs, buffer[:, 8:24])
+        z = ops.batch_norm_silu(xs, bn, rs, cat.part(16))
     assert z.data_ptr() == buffer[:, 8:24].data_ptr()
     assert buffer[:, :8].isnan().all() and buffer[:, 24:].isnan().all()
     got = (z, *torch.autograd.grad(z, (xs, bn.weight, bn.bias, rs), dz))
@@ -337,17 +342,13 @@ def test_concatenation_returns_the_buffer_when_its_parts_lie_in_it():
     no copy dispatched, and each part's gradient is its slice of the output's. Parts out of
     order, or one elsewhere, are concatenated by copying, to the same values."""
     torch.manual_seed(7)
-    like = torch.randn(2, 4, 3, 5).contiguous(memory_format=torch.channels_last)
-    with FusedBatchNormSiLU(interpret=True):
-        buffer = ops.concat_buffer(like, 10)
-    assert buffer.shape == (2, 10, 3, 5) and buffer.dtype == like.dtype
-    assert buffer.is_contiguous(memory_format=torch.channels_last)
-    buffer.copy_(torch.randn(2, 10, 3, 5))
+    cat = ops.ChannelConcat(10)
+    cat.buffer = buffer = torch.randn(2, 10, 3, 5).contiguous(memory_format=torch.channels_last)
     parts = _leaf_slices(buffer, (4, 2, 4))
     grad = torch.randn(2, 10, 3, 5)
     seen = _Ops()
     with FusedBatchNormSiLU(interpret=True), seen:
-        joined = ops.concat_channels(parts, buffer)
+        joined = cat(parts)
     assert "aten.cat" not in seen.names
     assert joined.data_ptr() == buffer.data_ptr() and torch.equal(joined, buffer)
     got = torch.autograd.grad(joined, parts, grad)
@@ -356,19 +357,21 @@ def test_concatenation_returns_the_buffer_when_its_parts_lie_in_it():
     for other in ([parts[1], parts[0], parts[2]], [parts[0], parts[1], elsewhere]):
         seen = _Ops()
         with FusedBatchNormSiLU(interpret=True), seen:
-            joined = ops.concat_channels(other, buffer)
+            joined = cat(other)
         assert "aten.cat" in seen.names and torch.equal(joined, torch.cat(other, 1))
 
 
 def test_without_the_mode_the_ops_are_the_familys():
-    """Run as is: no buffer, a plain concatenation, and the residual added after the SiLU
-    (the family's ``x + silu(bn(x))``), bit for bit."""
+    """Run as is: no buffer, a plain concatenation, the residual added after the SiLU (the
+    family's ``x + silu(bn(x))``), bit for bit, and a channel slice copied dense."""
     bn = _bn(8)
     x = torch.randn(2, 8, 4, 4)
     res = torch.randn(2, 8, 4, 4)
-    assert ops.concat_buffer(x, 16) is None
-    assert torch.equal(ops.concat_channels([x, res]), torch.cat([x, res], 1))
-    assert torch.equal(ops.batch_norm_silu(x, bn, res), res + F.silu(_bn(8)(x)))
+    cat = ops.ChannelConcat(16)
+    y = ops.batch_norm_silu(x, bn, res, cat.part(8))
+    assert cat.buffer is None and torch.equal(y, res + F.silu(_bn(8)(x)))
+    assert torch.equal(cat([x, res]), torch.cat([x, res], 1))
+    assert ops.dense(x[:, 2:6]).is_contiguous() and ops.dense(x) is x
 
 
 @pytest.mark.parametrize(

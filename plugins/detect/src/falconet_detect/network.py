@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x, on_eager_kernels
+from falconet import ops
+from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x
 
 STRIDES = (8, 16, 32)
 REG_MAX = 16
@@ -59,26 +60,6 @@ def _cells(x: torch.Tensor) -> torch.Tensor:
     so the levels' concatenation is the head's only copy and the loss reads contiguous rows
     (the DFL softmax runs along them)."""
     return x.permute(0, 2, 3, 1).flatten(1, 2)
-
-
-class _DenseGrad(torch.autograd.Function):
-    """The identity, whose backward makes the gradient dense in the layout of the forward's
-    tensor.
-
-    A level's gradient comes back from the concatenation over cells as a strided slice, and
-    a convolution's backward makes its output's gradient dense once for the input's gradient
-    and once more for the weight's: one copy here instead of two per head convolution
-    (about 0.06 ms a training pass at batch 16 on an H200; the same numbers bit for bit)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        ctx.channels_last = x.is_contiguous(memory_format=torch.channels_last)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        layout = torch.channels_last if ctx.channels_last else torch.contiguous_format
-        return grad.contiguous(memory_format=layout)
 
 
 class DetectHead(nn.Module):
@@ -137,11 +118,9 @@ class DetectHead(nn.Module):
 
     @staticmethod
     def _level(branch: nn.Module, feature: torch.Tensor) -> torch.Tensor:
-        """One level's branch output as ``[B, H x W, C]`` cells, its gradient made dense once
-        (for cuDNN's backward; not under ``torch.compile``: :func:`on_eager_kernels`)."""
-        out = branch(feature)
-        dense_grad = out.requires_grad and on_eager_kernels()
-        return _cells(_DenseGrad.apply(out) if dense_grad else out)
+        """One level's branch output as ``[B, H x W, C]`` cells. Its gradient comes back from
+        the concatenation over cells as a strided slice: :func:`falconet.ops.dense_grad`."""
+        return _cells(ops.dense_grad(branch(feature)))
 
     def forward(
         self, features: list[torch.Tensor]

@@ -11,12 +11,10 @@ measures.
 :class:`FusedBatchNormSiLU` is the function mode the whole step enters around the forward:
 it answers for :func:`falconet.ops.batch_norm_silu` when the BatchNorm trains with running
 statistics and a momentum and the input is a dense channels-last (or NCHW with one pixel)
-tensor on the GPU; anything else runs as the family wrote it. Evaluation, where BatchNorm
-uses its running statistics, never comes here. It also answers for
-:func:`falconet.ops.concat_buffer` and :func:`falconet.ops.concat_channels`: the op writes
-each part of a channel concatenation (C2f's) straight into its channels of one buffer, a
-bottleneck's residual added in the same kernel, and the concatenation is then the buffer,
-with no copy (docs/performance.md, "Kept: C2f's parts written in place").
+tensor on the GPU; anything else (evaluation too) runs as the family wrote it. The op writes
+each part of a :class:`falconet.ops.ChannelConcat` (C2f's) into its channels of one buffer,
+a residual added in the same kernel, and :func:`falconet.ops.concat_channels` is then the
+buffer, with no copy (docs/performance.md, "Kept: C2f's parts written in place").
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from falconet import ops
 
@@ -47,9 +46,7 @@ class Tiling:
     the merge kernels spill registers: ``tools/bn_silu_registers.py``; at 4,096 they do
     not)."""
 
-    # the best of tools/bench_bn_silu.py --sweep for yolo-n at batch 16 on an H200 (2.45 ms
-    # for the 57 layers' forward and backward; 2.77 with 4,096-element tiles throughout);
-    # the merges' fields from a later sweep (2.60 to 2.26 ms; the fp16 step 8.59 to 8.25)
+    # the defaults are the best of tools/bench_bn_silu.py --sweep for yolo-n (docs/lab/)
     map_elements: int = 2048
     map_warps: int = 4
     reduce_elements: int = 8192
@@ -60,15 +57,12 @@ class Tiling:
 
 
 # each field's least value, and whether Triton needs it a power of two (its tiles and warps)
+# (a tile spans 64 channels at most)
 _FIELD_RULES = {
-    "map_elements": (64, True),  # a tile spans 64 channels at most
-    "reduce_elements": (64, True),
-    "map_warps": (1, True),
-    "reduce_warps": (1, True),
-    "programs_per_sm": (1, False),
-    "merge_elements": (64, True),
+    "map_elements": (64, True), "reduce_elements": (64, True), "map_warps": (1, True),
+    "reduce_warps": (1, True), "programs_per_sm": (1, False), "merge_elements": (64, True),
     "merge_channels": (16, True),
-}
+}  # fmt: skip
 
 
 def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
@@ -107,32 +101,31 @@ class FusedBatchNormSiLU(TorchFunctionMode):
     def __init__(self, interpret: bool = False) -> None:
         super().__init__()
         self.interpret = interpret
+        self._copied_from = WeakTensorKeyDictionary()  # ops.dense's copies -> what they copy
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is ops.batch_norm_silu:
             return self._batch_norm_silu(func, *args, **kwargs)
-        if func is ops.concat_buffer:
-            like, channels = args
-            if not self._dense(like):
-                return None
-            n, _, h, w = like.shape
-            return torch.empty(
-                (n, channels, h, w), dtype=like.dtype, device=like.device,
-                memory_format=torch.channels_last,
-            )  # fmt: skip
+        if func is ops.dense:
+            (x,) = args
+            copy = func(x)
+            if copy is not x:
+                self._copied_from[copy] = x
+            return copy
         if func is ops.concat_channels:
-            parts, buffer = args
-            if buffer is not None and _lies_in(parts, buffer):
-                return _Assemble.apply(buffer, *parts)
+            parts, concat = args  # a part ops.dense copied joins as the slice it copies
+            in_place = [self._copied_from.get(p, p) for p in parts]
+            buffer = None if concat is None else concat.buffer
+            if buffer is not None and _lies_in(in_place, buffer):
+                return _Assemble.apply(buffer, *in_place)
             return torch.cat(tuple(parts), 1)
         return func(*args, **kwargs)
 
     def _batch_norm_silu(self, func, x, bn, residual=None, out=None):
         if not (self._qualifies(x, bn) and (residual is None or self._alike(residual, x))):
             return func(x, bn, residual, out)  # as the family wrote it (the mode is off here)
-        if out is not None and not self._fits(out, x):
-            out = None  # written to fresh memory; the concatenation then copies it
+        out = None if out is None else self._place(out, x)
         z = _BatchNormSiLU.apply(
             x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
             residual, out,
@@ -152,6 +145,21 @@ class FusedBatchNormSiLU(TorchFunctionMode):
     def _alike(self, residual: torch.Tensor, x: torch.Tensor) -> bool:
         """A residual the kernel reads as it reads ``x``: dense, same shape and dtype."""
         return self._dense(residual) and residual.shape == x.shape and residual.dtype == x.dtype
+
+    def _place(self, part: ops.ConcatPart, x: torch.Tensor) -> torch.Tensor | None:
+        """Where the op writes its output for ``x`` as ``part`` of a concatenation: its
+        channels of the concatenation's buffer, made here on the first write (dense
+        channels-last, ``x``'s batch, size and dtype); None (fresh memory, which the
+        concatenation then copies) where that slice cannot take it."""
+        concat = part.concat
+        if concat.buffer is None:
+            n, _, h, w = x.shape
+            concat.buffer = torch.empty(
+                (n, concat.channels, h, w), dtype=x.dtype, device=x.device,
+                memory_format=torch.channels_last,
+            )  # fmt: skip
+        out = concat.buffer[:, part.first : part.first + part.width]
+        return out if self._fits(out, x) else None
 
     @staticmethod
     def _fits(out: torch.Tensor, x: torch.Tensor) -> bool:
@@ -182,13 +190,9 @@ def _sms(device: torch.device) -> int:
 # the launch settings each kernel takes (_Plan.meta); tools/bn_silu_registers.py compiles
 # every kernel with them for a GPU that need not be present
 KERNEL_KINDS = {
-    "bn_silu_stats": "reduce",
-    "bn_silu_grad_sums": "reduce",
-    "bn_silu_stats_merge": "merge",
-    "bn_silu_grad_merge": "merge",
-    "bn_silu_normalise": "map",
-    "bn_silu_input_grad": "map",
-}
+    "bn_silu_stats": "reduce", "bn_silu_grad_sums": "reduce", "bn_silu_stats_merge": "merge",
+    "bn_silu_grad_merge": "merge", "bn_silu_normalise": "map", "bn_silu_input_grad": "map",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -232,14 +236,11 @@ class _Plan:
     def meta(self, kind: str) -> dict[str, int]:
         """The tiles and warps of a kind of kernel (:data:`KERNEL_KINDS`)."""
         t = self.tiling
-        reduce = {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
-        elementwise = {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
-        merge = {"BLOCK_P": self.merge_p, "BLOCK_C": self.merge_c, "num_warps": t.reduce_warps}
-        return {
-            "reduce": reduce,
-            "merge": merge,
-            "map": elementwise,
-        }[kind]
+        if kind == "reduce":
+            return {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
+        if kind == "merge":
+            return {"BLOCK_P": self.merge_p, "BLOCK_C": self.merge_c, "num_warps": t.reduce_warps}
+        return {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
 
 
 def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
