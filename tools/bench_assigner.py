@@ -1,15 +1,14 @@
-"""The task-aligned assigner at real batch shapes: per slot (``[B, M, A]``, ``M`` the padded
-largest box count) against per box (``[N, A]``, ``N`` the padded total, the ``box_rows`` of
-``falconet.data.targets``), with the outputs compared bit for bit.
+"""The static-shaped assigners (``tal``, ``simota``) at real batch shapes: the time of one
+assignment, and that padding a batch's targets to a larger bucket changes no assignment.
 
-Most of the assigner's work is elementwise, and with mosaic a batch's largest box count is
-several times its mean, so most of ``[B, M]`` is padding. This script measured what working
-on the real boxes saves before the product took it (docs/performance.md), and measures it
-again: batches come from the trainer's own loader (COCO128, mosaic, ``--batch``),
-predictions from the untrained network's forward pass, and the assigner's inputs are taken
-from the YOLO loss as it calls the assigner. On a GPU each form is recorded as a CUDA graph
-and replayed (no launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall
-time.
+Batches come from the training dataset with the YOLO family's augmentation (COCO128, mosaic,
+``--batch``), predictions from the untrained ``yolo-n``'s forward pass, and the assigner's
+inputs, ``(Predictions, Targets)``, are taken from the YOLO loss as it calls the assigner.
+``tal`` works on the ``N`` real boxes, ``simota`` on the ``B x M`` slots, so with mosaic
+(most of ``[B, M]`` padding) their times differ by more than their rules
+(docs/performance.md). On a GPU each assigner is recorded as a CUDA graph and replayed (no
+launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall time. The batch
+timed is the one with the largest ``B x M``.
 
     python tools/bench_assigner.py --data .data/coco128/coco128.yaml --batch 16,64 --out a.json
 """
@@ -18,41 +17,59 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import torch
 from bench_train import median_ms  # tools/ is on the path
-from check_graphs import build, fetch_batches
 from graph_replay import replay_ms
 
-from falconet.data.targets import TARGET_KEYS
+from falconet.data import load_dataset
+from falconet.data.loader import DetectionDataset, collate
+from falconet.data.targets import Targets
+from falconet.data.transforms import AugmentConfig
+from falconet_detect.assigners.simota import SimOTAAssigner
 from falconet_detect.assigners.tal import TaskAlignedAssigner
+from falconet_detect.family import YoloFamily
+
+FIELDS = ("labels", "boxes", "scores", "foreground")
 
 
 class Capture:
-    """Stands in for the loss's assigner once, to keep the arguments the loss passes it."""
+    """Stands in for the loss's assigner once, to keep what the loss passes it."""
 
     def __init__(self, assigner) -> None:
-        self.assigner, self.args, self.kwargs = assigner, None, None
+        self.assigner, self.inputs = assigner, None
 
-    def __call__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-        return self.assigner(*args, **kwargs)
+    def __call__(self, predictions, targets):
+        self.inputs = (predictions, targets)
+        return self.assigner(predictions, targets)
 
 
-def assigner_inputs(trainer, batch: dict) -> tuple:
-    device = trainer.device
+def batches(args, batch_size: int) -> tuple[list[dict], int]:
+    """``--batches`` augmented training batches of ``batch_size``, and the class count."""
+    dataset = load_dataset(Path(args.data), splits=("train",))
+    data = DetectionDataset(
+        dataset.splits["train"].samples, args.imgsz, augment=AugmentConfig(), cache="ram"
+    )
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).tolist()
+    size = batch_size * args.batches
+    picks = [order[i % len(order)] for i in range(size)]
+    made = [
+        collate([data[i] for i in picks[k : k + batch_size]]) for k in range(0, size, batch_size)
+    ]
+    return made, len(dataset.names)
+
+
+def assigner_inputs(model, batch: dict, device: torch.device, dtype: torch.dtype) -> tuple:
+    """``(Predictions, Targets)`` of ``batch`` as the YOLO loss hands them to its assigner."""
     images = batch["images"].to(device).float().div_(255)
-    targets = {k: batch[k].to(device) for k in TARGET_KEYS}
-    capture = Capture(trainer.loss_fn.assigner)
-    trainer.loss_fn.assigner = capture
-    try:
-        with torch.no_grad(), trainer.precision.autocast(device):
-            trainer.loss_fn(trainer.model(images), targets)
-    finally:
-        trainer.loss_fn.assigner = capture.assigner
-    return capture.args, capture.kwargs["box_rows"]
+    targets = Targets.from_batch(batch).to(device)
+    capture = Capture(TaskAlignedAssigner())
+    loss = YoloFamily().build_loss(model, capture)
+    enabled = dtype != torch.float32
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=enabled):
+        loss(model(images), targets)
+    return capture.inputs
 
 
 def time_ms(fn, device: torch.device, repeats: int) -> float:
@@ -62,38 +79,39 @@ def time_ms(fn, device: torch.device, repeats: int) -> float:
 
 def same(a, b) -> bool:
     """Every field of two assignments bit for bit (NaN nowhere here: predictions are finite)."""
-    fields = ("labels", "boxes", "scores", "foreground")
-    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+    return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
 
 
-def measure(args, batch_size: int, tmp: Path) -> dict:
+def measure(args, batch_size: int) -> dict:
     cuda = torch.cuda.is_available()
-    keys = dict(
-        data=args.data, imgsz=args.imgsz, batch=batch_size, workers=2, cache="ram",
-        amp_dtype="bf16" if cuda else "fp32", val=False, plots=False, epochs=1,
-        project=str(tmp), exist_ok=True, name=f"assigner-b{batch_size}", graph="eager",
-    )  # fmt: skip
-    trainer = build(keys)
-    tal = TaskAlignedAssigner()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    data, classes = batches(args, batch_size)
+    torch.manual_seed(0)
+    model = (
+        YoloFamily().build_model("yolo-n", classes).to(device, memory_format=torch.channels_last)
+    )
+    assigners = {"tal": TaskAlignedAssigner(), "simota": SimOTAAssigner()}
     rows, worst = [], None
-    for batch in fetch_batches(trainer, args.batches):
-        inputs, box_rows = assigner_inputs(trainer, batch)
-        gt_boxes = inputs[3]
-        equal = same(tal(*inputs), tal(*inputs, box_rows=box_rows))
-        row = {"M": gt_boxes.shape[1], "boxes": int(batch["counts"].sum()), "N": len(box_rows[0])}
-        rows.append(row | {"equal": equal})
-        if worst is None or row["M"] * batch_size > worst[0]:
-            worst = (row["M"] * batch_size, inputs, box_rows, row)
-    _, inputs, box_rows, row = worst
-    per_slot = time_ms(lambda: tal(*inputs), trainer.device, args.repeats)
-    per_box = time_ms(lambda: tal(*inputs, box_rows=box_rows), trainer.device, args.repeats)
-    return {
-        "batches": rows,
-        "all_equal": all(r["equal"] for r in rows),
-        "timed_batch": row,
-        "per_slot_ms": per_slot,
-        "per_box_ms": per_box,
+    for batch in data:
+        predictions, targets = assigner_inputs(model, batch, device, dtype)
+        m, n = targets.bucket
+        larger = targets.padded((2 * m, 2 * n))
+        row = {"M": m, "N": n, "boxes": int(batch["counts"].sum())}
+        for name, assigner in assigners.items():
+            row[f"{name}_padding_changes_nothing"] = same(
+                assigner(predictions, targets), assigner(predictions, larger)
+            )
+        rows.append(row)
+        if worst is None or m * batch_size > worst[0]:
+            worst = (m * batch_size, predictions, targets, row)
+    _, predictions, targets, row = worst
+    times = {
+        f"{name}_ms": time_ms(lambda a=assigner: a(predictions, targets), device, args.repeats)
+        for name, assigner in assigners.items()
     }
+    unchanged = all(v for r in rows for k, v in r.items() if k.endswith("changes_nothing"))
+    return {"batches": rows, "padding_changes_nothing": unchanged, "timed_batch": row} | times
 
 
 def main() -> None:
@@ -106,10 +124,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "sizes": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for size in map(int, args.batch.split(",")):
-            report["sizes"][size] = measure(args, size, Path(tmp))
-            print(size, json.dumps(report["sizes"][size]), flush=True)
+    for size in map(int, args.batch.split(",")):
+        report["sizes"][size] = measure(args, size)
+        print(size, json.dumps(report["sizes"][size]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 
