@@ -1,6 +1,6 @@
 """graph=whole-step's logic on the CPU: the static step (device-tensor learning rate, momentum
-and EMA weight; gradients into static buffers) trains like the trainer's eager step; the
-runner's buckets, eager fallbacks and accumulation windows.
+and EMA weight; gradients into static buffers) trains like the eager step; the whole step's
+buckets, eager fallbacks and accumulation windows.
 
 CUDA graphs need a GPU, so the recorder here runs the recorded functions eagerly on the same
 static buffers (what a replay reads and writes); tools/check_graphs.py checks the recording on
@@ -10,6 +10,7 @@ the GPU machine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import re
@@ -19,50 +20,17 @@ import time
 import pytest
 import torch
 
-from falconet.data.targets import TARGET_KEYS, fits, pad_targets, target_bucket
-from falconet.interfaces import DispatchContext
-from falconet.training.setup import plan_run
-from falconet.training.trainer import Trainer
-from falconet_graphs_cuda.backend import WholeStepDispatch
-from falconet_graphs_cuda.whole_step import WholeStepRunner
-
-
-class EagerMicro:
-    def __init__(self, step, images, targets, bucket):
-        self.step, self.bucket = step, bucket
-        self.images = images.clone()
-        self.targets = {k: v.clone() for k, v in targets.items()}
-        self.replays = 0
-
-    def replay(self, images, targets):
-        self.images.copy_(images)
-        for name, static in self.targets.items():
-            static.copy_(targets[name])
-        self.replays += 1
-        return self.step.micro(self.images, self.targets)
-
-
-class EagerUpdate:
-    def __init__(self, step):
-        self.step = step
-
-    def replay(self):
-        self.step.update()
-
-
-class EagerStepRecorder:
-    def __init__(self, fail: bool = False):
-        self.fail = fail
-        self.micros: list[EagerMicro] = []
-
-    def micro(self, step, images, targets, bucket):
-        if self.fail:
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-        self.micros.append(EagerMicro(step, images, targets, bucket))
-        return self.micros[-1]
-
-    def update(self, step):
-        return EagerUpdate(step)
+from falconet.data.targets import Targets, fits
+from falconet.interfaces import GraphContext
+from falconet.loss_scaler import LossScaler
+from falconet.training.assembly import Run, assemble
+from falconet.training.phases import Phases
+from falconet.training.planning import plan_run
+from falconet.training.step import EagerStep, Progress, StepParts
+from falconet_graphs_cuda.backend import WholeStepBackend
+from falconet_graphs_cuda.keys import GraphsCudaKeys
+from falconet_graphs_cuda.recording import EagerStepRecorder
+from falconet_graphs_cuda.whole_step import WholeStep
 
 
 @pytest.fixture
@@ -71,42 +39,54 @@ def keys(tiny_run):
     return {**tiny_run, "batch": "4", "nbs": "8", "val": "false", "optimizer": "sgd"}
 
 
-def trainer_for(keys, plugins, recorder=None) -> Trainer:
-    trainer = Trainer(plan_run(keys, plugins), plugins)
+def cuda_keys(run: Run) -> GraphsCudaKeys:
+    """The run's values of the plugin's keys, as the backend reads them."""
+    return GraphContext(run.device, run.precision.name, options=run.config.model_dump()).keys(
+        GraphsCudaKeys
+    )
+
+
+def run_for(keys, plugins, recorder=None) -> Run:
+    """The run's parts with the eager step, or with the whole step on ``recorder``."""
+    run = assemble(plan_run(keys, plugins), plugins)
     if recorder is not None:
-        trainer.step_runner = WholeStepRunner(trainer, recorder)
-    return trainer
+        run.step = WholeStep(run.parts, cuda_keys(run), recorder)
+    return run
 
 
-def batches(trainer, n: int) -> list[dict[str, torch.Tensor]]:
+def batches(run, n: int) -> list[dict[str, torch.Tensor]]:
     out = []
     while len(out) < n:
-        for batch in trainer.train_loader:
+        for batch in run.train_loader:
             out.append(batch)
             if len(out) == n:
                 break
     return out
 
 
-def train(trainer, data, targets_of=lambda t: t, after_update=lambda: None):
+def train(run, data, targets_of=lambda t: t, after_update=lambda: None):
     losses = []
     for i, batch in enumerate(data):
         images = batch["images"].float().div_(255)
-        targets = targets_of({k: batch[k] for k in TARGET_KEYS})
-        update = (i + 1) % trainer.accumulate == 0
-        loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
+        targets = targets_of(Targets.from_batch(batch))
+        update = (i + 1) % run.accumulate == 0
+        loss, _ = run.step(images, targets, update=update)
         losses.append(float(loss.detach()))
         if update:
             after_update()
     return losses
 
 
-def state(trainer) -> list[torch.Tensor]:
-    tensors = list(trainer.model.state_dict().values())
-    tensors += list(trainer.ema.module.state_dict().values())
+def state(run) -> list[torch.Tensor]:
+    tensors = list(run.model.state_dict().values())
+    tensors += list(run.ema.module.state_dict().values())
     for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
-        tensors += [s[name] for s in trainer.optimizer.state.values() if name in s]
+        tensors += [s[name] for s in run.optimizer.state.values() if name in s]
     return tensors
+
+
+def padded(bucket):
+    return lambda targets: targets.padded(bucket)
 
 
 @pytest.mark.parametrize(
@@ -119,21 +99,22 @@ def test_the_static_step_trains_like_the_eager_step(
     itself, as autocast would, and trains bit for bit as eager all the same."""
     plugins = installed_falconet_plugins
     keys = {**keys, "optimizer": optimizer, "amp_dtype": amp}
-    eager = trainer_for(keys, plugins)
+    eager = run_for(keys, plugins)
     recorder = EagerStepRecorder()
-    whole = trainer_for(keys, plugins, recorder)
+    whole = run_for(keys, plugins, recorder)
     data = batches(eager, 12)
     reference = train(eager, data)
     got = train(whole, data)
-    runner = whole.step_runner
+    step = whole.step
     # eager until the optimizer's first step has made its momentum buffers and a (shape,
     # bucket) key has been seen 3 times; replayed from then on (the set has two buckets)
-    counts = runner.counts
-    assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
-    assert counts["eager"] + counts["replayed"] == 12
-    assert sum(m.replays for m in recorder.micros) == counts["replayed"]
-    assert whole.step == eager.step == 6 and whole.ema.updates == eager.ema.updates
-    casts = {w.dtype for w in runner.step.cast_weights}
+    stats = step.stats()
+    assert stats.recorded >= 1 and stats.replayed >= 4 and stats.failed == 0
+    assert stats.eager + stats.replayed == 12
+    assert sum(m.replays for m in recorder.micros) == stats.replayed
+    assert whole.progress.updates == eager.progress.updates == 6
+    assert whole.ema.updates == eager.ema.updates
+    casts = {w.dtype for w in step.step.cast_weights}
     assert casts == ({torch.bfloat16} if amp == "bf16" else set())  # every conv's weights
     if optimizer == "sgd":  # the static SGD update is torch's bit for bit (static_step)
         assert got == reference
@@ -171,20 +152,20 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
             optim = torch.optim.SGD(groups, lr=0.01, momentum=0.9, nesterov=nesterov)
         else:
             optim = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.999))
-        cfg = SimpleNamespace(
-            clip_grad=clip, batch=4, fuse="none", wgrad_stream=True, bn_silu="native"
-        )
-        trainer = SimpleNamespace(
+        return StepParts(
             model=net,
+            loss=None,  # the update alone is under test
             optimizer=optim,
-            cfg=cfg,
-            ema=ModelEMA(net, 0.9999, 2000),
-            device=torch.device("cpu"),
-            scaler=None,
             precision=SimpleNamespace(autocast=lambda device: contextlib.nullcontext()),
-            loss_fn=None,  # the update alone is under test
+            scaler=None,
+            ema=ModelEMA(net, 0.9999, 2000),
+            clip_grad=clip,
+            loss_gain=4.0,
+            schedule=None,
+            progress=Progress(),
+            phases=Phases(),
+            device=torch.device("cpu"),
         )
-        return trainer
 
     def set_grads(trainer, seed):
         g = torch.Generator().manual_seed(seed)
@@ -200,7 +181,7 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
                 group["betas"] = (0.8 + 0.01 * k, group["betas"][1])
 
     eager, static = setup(), setup()
-    step = StaticStep(static)
+    step = StaticStep(static, GraphsCudaKeys())
     for k in range(4):
         schedule(eager, k)
         set_grads(eager, k)
@@ -245,81 +226,77 @@ def test_the_static_update_is_torch_optim_clip_and_ema(optimizer, nesterov, clip
 
 def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_falconet_plugins):
     plugins = installed_falconet_plugins
-    whole = trainer_for(keys, plugins, EagerStepRecorder())
+    whole = run_for(keys, plugins, EagerStepRecorder())
     data = batches(whole, 10)
     # (slots per image, boxes per batch): at most (16, 32) in these batches of 4, and varied
-    buckets = {target_bucket(b) for b in data}
+    buckets = {Targets.from_batch(b).bucket for b in data}
     assert len(buckets) > 1 and all(fits(b, (16, 32)) for b in buckets)
-    big = lambda t: pad_targets(t, (32, 64))  # noqa: E731
-    train(whole, data[:6], big)  # records the larger bucket
-    runner = whole.step_runner
-    assert [r.bucket for r in next(iter(runner.micros.values()))] == [(32, 64)]
-    replayed = runner.counts["replayed"]
+    train(whole, data[:6], padded((32, 64)))  # records the larger bucket
+    step = whole.step
+    assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 64)]
+    replayed = step.stats().replayed
     train(whole, data[6:])  # each bucket fits in (32, 64): replayed, not recorded
-    assert runner.counts["replayed"] == replayed + 4 and runner.counts["recorded"] == 1
+    assert step.stats().replayed == replayed + 4 and step.stats().recorded == 1
 
 
 def test_a_new_box_count_records_at_the_largest_slot_count_so_far(keys, installed_falconet_plugins):
     """Per box, the slots per image cost next to nothing, so a recording for a new batch box
     count ``N`` takes the largest ``M`` recorded before: fewer recordings in a run."""
-    whole = trainer_for(keys, installed_falconet_plugins, EagerStepRecorder())
+    whole = run_for(keys, installed_falconet_plugins, EagerStepRecorder())
     data = batches(whole, 12)
-    few_slots = [b for b in data if target_bucket(b)[0] == 8][:3]
+    few_slots = [b for b in data if Targets.from_batch(b).bucket[0] == 8][:3]
     assert len(few_slots) == 3
-    train(whole, data[:6], lambda t: pad_targets(t, (32, 32)))  # recorded at (32, 32)
-    train(whole, few_slots, lambda t: pad_targets(t, (8, 64)))  # a new N: recorded at (32, 64)
-    runner = whole.step_runner
-    assert [r.bucket for r in next(iter(runner.micros.values()))] == [(32, 32), (32, 64)]
-    recorded, replayed = runner.counts["recorded"], runner.counts["replayed"]
-    train(whole, data[:2], lambda t: pad_targets(t, (32, 64)))  # fits: no third recording
-    assert runner.counts["recorded"] == recorded == 2
-    assert runner.counts["replayed"] == replayed + 2
+    train(whole, data[:6], padded((32, 32)))  # recorded at (32, 32)
+    train(whole, few_slots, padded((8, 64)))  # a new N: recorded at (32, 64)
+    step = whole.step
+    assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 32), (32, 64)]
+    recorded, replayed = step.stats().recorded, step.stats().replayed
+    train(whole, data[:2], padded((32, 64)))  # fits: no third recording
+    assert step.stats().recorded == recorded == 2
+    assert step.stats().replayed == replayed + 2
 
 
 def test_padding_does_not_change_the_loss(keys, installed_falconet_plugins):
-    trainer = trainer_for(keys, installed_falconet_plugins)
-    batch = batches(trainer, 1)[0]
+    run = run_for(keys, installed_falconet_plugins)
+    batch = batches(run, 1)[0]
     images = batch["images"].float().div_(255)
-    targets = {k: batch[k] for k in TARGET_KEYS}
-    trainer.model.train()
+    targets = Targets.from_batch(batch)
+    run.model.train()
     with torch.no_grad():
-        outputs = trainer.model(images)
-        small, _ = trainer.loss_fn(outputs, targets)
-        padded, _ = trainer.loss_fn(outputs, pad_targets(targets, (32, 64)))
-        per_slot = {k: targets[k] for k in ("boxes", "labels", "counts")}  # no box_rows
-        slots, _ = trainer.loss_fn(outputs, per_slot)
-    torch.testing.assert_close(small, padded)
-    assert torch.equal(small, slots)  # tal per box and per slot: the same assignment
+        outputs = run.model(images)
+        small, _ = run.parts.loss(outputs, targets)
+        larger, _ = run.parts.loss(outputs, targets.padded((32, 64)))
+    torch.testing.assert_close(small, larger)
 
 
 def test_a_failed_recording_continues_eagerly(keys, installed_falconet_plugins, caplog):
     plugins = installed_falconet_plugins
-    eager = trainer_for(keys, plugins)
-    whole = trainer_for(keys, plugins, EagerStepRecorder(fail=True))
+    eager = run_for(keys, plugins)
+    whole = run_for(keys, plugins, EagerStepRecorder(fail=True))
     data = batches(eager, 8)
     with caplog.at_level(logging.ERROR, "falconet.train"):
         reference, got = train(eager, data), train(whole, data)
-    assert got == reference  # every batch ran the trainer's own eager step
-    assert whole.step_runner.counts["failed"] == 1
+    assert got == reference  # every batch ran the whole step's own eager step
+    assert whole.step.stats().failed == 1
+    assert not whole.step.stats().pending  # nothing more to wait for
     assert caplog.text.count("could not capture the step") == 1
 
 
 def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
-    whole = trainer_for(keys, installed_falconet_plugins, EagerStepRecorder())
+    whole = run_for(keys, installed_falconet_plugins, EagerStepRecorder())
     names: list[str] = []
 
-    class Recorder:
-        def __call__(self, name):
-            names.append(name)
-            return torch.autograd.profiler.record_function(name)
+    def timer(name):
+        names.append(name)
+        return torch.autograd.profiler.record_function(name)
 
-    whole.phases = Recorder()
-    train(whole, batches(whole, 8), lambda t: pad_targets(t, (32, 64)))  # one bucket
-    counts = whole.step_runner.counts
-    assert counts["replayed"] >= 2
-    # every batch asks the runner first; a batch it leaves to the trainer then runs the
-    # eager phases, a replayed one runs nothing else
-    assert names.count("step") == 8 and names.count("forward") == counts["eager"]
+    whole.phases.use(timer)
+    train(whole, batches(whole, 8), padded((32, 64)))  # one bucket
+    stats = whole.step.stats()
+    assert stats.replayed >= 2
+    # a replayed batch is one "step" phase; a batch left to the eager step runs its phases
+    assert names.count("step") == stats.replayed and names.count("forward") == stats.eager
+    assert stats.replayed + stats.eager == 8
 
 
 @pytest.mark.parametrize(
@@ -335,14 +312,14 @@ def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
     ],
 )
 def test_whole_step_declines_what_it_cannot_capture(precision, options, static, reason):
-    context = DispatchContext(
+    context = GraphContext(
         torch.device("cuda", 0),
         precision,
         capture_region=torch.nn.Linear(1, 1),
         options=options,
         static_loss=static,
     )
-    got = WholeStepDispatch().decline_reason(context)
+    got = WholeStepBackend().decline_reason(context)
     assert got is None if reason is None else reason in got
 
 
@@ -366,11 +343,11 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
     its assigner, ``inductor-all`` both: Inductor's kernels, not the eager ones, and training
     follows the eager step to rounding."""
     plugins = installed_falconet_plugins
-    eager = trainer_for(keys, plugins)
+    eager = run_for(keys, plugins)
     with caplog.at_level(logging.WARNING, logger="falconet.train"):
-        fused = trainer_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
+        fused = run_for({**keys, "fuse": fuse}, plugins, EagerStepRecorder())
     data = batches(eager, 8)
-    one_bucket = lambda t: pad_targets(t, (32, 64))  # noqa: E731  (replays from the 3rd batch)
+    one_bucket = padded((32, 64))  # replays from the 3rd batch
     reference = train(eager, data, one_bucket)
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
@@ -378,9 +355,9 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
     got = train(fused, data, one_bucket)
     assert f"fuse={fuse}: the captured step runs Inductor's kernels" in caplog.text  # said
     assert f"this run is {fused.precision.name}: check your accuracy" in caplog.text
-    assert fused.step_runner.counts["replayed"] >= 2
+    assert fused.step.stats().replayed >= 2
     # Dynamo compiled what was asked: the network once, the loss once per target bucket
-    buckets = sum(len(recorded) for recorded in fused.step_runner.micros.values())
+    buckets = sum(len(recorded) for recorded in fused.step.micros.values())
     assert counters["stats"]["unique_graphs"] == network + loss * buckets
     assert not counters["graph_break"]  # in one piece: no eager op between Inductor kernels
     torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
@@ -392,30 +369,22 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
         assert gap <= 1e-3 * scale + 1e-7
 
 
-def test_fuse_without_whole_step_is_ignored_with_a_warning(
-    keys, installed_falconet_plugins, caplog
-):
-    with caplog.at_level(logging.WARNING, logger="falconet.train"):
-        trainer = trainer_for({**keys, "fuse": "inductor"}, installed_falconet_plugins)
-    assert trainer.step_runner is None
-    assert "fuse=inductor applies inside graph=whole-step's captured step" in caplog.text
-    assert "graph=eager, so it is ignored" in caplog.text
-
-
-def scaled_trainer(keys, plugins, recorder=None, **scaler) -> Trainer:
-    """A trainer with fp16's gradient scaler (float32 on the CPU: ``scaler`` sets a scale high
-    enough to overflow), and a whole-step runner when ``recorder`` is given."""
-    trainer = Trainer(plan_run(keys, plugins), plugins)
-    trainer.scaler = torch.amp.GradScaler("cpu", **scaler)
+def scaled_run(keys, plugins, recorder=None, **scaler) -> Run:
+    """A run with fp16's loss scaler (float32 on the CPU: ``scaler`` sets a scale high enough
+    to overflow), and the whole step when ``recorder`` is given."""
+    run = run_for(keys, plugins)
+    run.parts = dataclasses.replace(run.parts, scaler=LossScaler("cpu", **scaler))
+    run.scaler = run.parts.scaler
+    run.step = EagerStep(run.parts)
     if recorder is not None:
-        trainer.step_runner = WholeStepRunner(trainer, recorder)
-    return trainer
+        run.step = WholeStep(run.parts, cuda_keys(run), recorder)
+    return run
 
 
-def run_scaled(trainer, data, targets_of=lambda t: t):
+def run_scaled(run, data, targets_of=lambda t: t):
     """Losses of every batch and the scale after every update."""
     scales: list[float] = []
-    losses = train(trainer, data, targets_of, lambda: scales.append(trainer.scaler.get_scale()))
+    losses = train(run, data, targets_of, lambda: scales.append(run.scaler.get_scale()))
     return losses, scales
 
 
@@ -433,15 +402,15 @@ def test_the_static_step_with_a_gradient_scaler_matches_the_eager_scaler(
         "backoff_factor": 2.0**-8,
         "growth_interval": 1,
     }
-    eager = scaled_trainer(keys, plugins, **scaler)
-    whole = scaled_trainer(keys, plugins, EagerStepRecorder(), **scaler)
+    eager = scaled_run(keys, plugins, **scaler)
+    whole = scaled_run(keys, plugins, EagerStepRecorder(), **scaler)
     data = batches(eager, 16)
     reference, reference_scales = run_scaled(eager, data)
     got, scales = run_scaled(whole, data)
-    counts = whole.step_runner.counts
-    assert counts["recorded"] >= 1 and counts["replayed"] >= 6 and counts["failed"] == 0
+    stats = whole.step.stats()
+    assert stats.recorded >= 1 and stats.replayed >= 6 and stats.failed == 0
     assert scales == reference_scales
-    replayed_updates = scales[-counts["replayed"] // whole.accumulate :]
+    replayed_updates = scales[-stats.replayed // whole.accumulate :]
     steps = list(itertools.pairwise(replayed_updates))
     assert any(b < a for a, b in steps) and any(b > a for a, b in steps)  # skipped and taken
     assert got == reference
@@ -454,15 +423,16 @@ def test_fp16_records_before_the_scalers_first_taken_update(keys, installed_falc
     and trains bit for bit as eager does (whose first taken step copies the gradient)."""
     plugins = installed_falconet_plugins
     scaler = {"init_scale": 2.0**127, "backoff_factor": 0.5, "growth_interval": 1000}
-    eager = scaled_trainer(keys, plugins, **scaler)
-    whole = scaled_trainer(keys, plugins, EagerStepRecorder(), **scaler)
+    eager = scaled_run(keys, plugins, **scaler)
+    whole = scaled_run(keys, plugins, EagerStepRecorder(), **scaler)
     data = batches(eager, 12)
-    one_bucket = lambda t: pad_targets(t, (32, 64))  # noqa: E731
+    one_bucket = padded((32, 64))
     reference, reference_scales = run_scaled(eager, data, one_bucket)
     skipped = sum(b < a for a, b in itertools.pairwise([2.0**127, *reference_scales]))
     assert skipped >= 2 and reference_scales[-1] == reference_scales[-2]  # skipped, then taken
     got, scales = run_scaled(whole, data, one_bucket)
-    assert whole.step_runner.counts == {"replayed": 10, "eager": 2, "recorded": 1, "failed": 0}
+    stats = whole.step.stats()
+    assert (stats.replayed, stats.eager, stats.recorded, stats.failed) == (10, 2, 1, 0)
     assert scales == reference_scales and got == reference
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
 
@@ -472,9 +442,9 @@ def test_make_state_keeps_a_restored_momentum_buffer(keys, installed_falconet_pl
     the state is filled in torch's order (the order ``optimizer.state`` iterates in)."""
     from falconet_graphs_cuda.static_step import StaticStep
 
-    trainer = trainer_for(keys, installed_falconet_plugins)
-    step = StaticStep(trainer)
-    optimizer = trainer.optimizer
+    run = run_for(keys, installed_falconet_plugins)
+    step = StaticStep(run.parts, cuda_keys(run))
+    optimizer = run.optimizer
     first = optimizer.param_groups[0]["params"][0]
     restored = torch.full_like(first, 0.25)
     optimizer.state[first]["momentum_buffer"] = restored
@@ -497,9 +467,9 @@ def test_make_state_gives_adamw_the_state_torch_makes(keys, installed_falconet_p
     from falconet_graphs_cuda.static_step import StaticStep
 
     keys = {**keys, "optimizer": "adamw"}
-    trainers = [trainer_for(keys, installed_falconet_plugins) for _ in range(2)]
+    trainers = [run_for(keys, installed_falconet_plugins) for _ in range(2)]
     trainers[1].model.load_state_dict(trainers[0].model.state_dict())
-    step = StaticStep(trainers[1])
+    step = StaticStep(trainers[1].parts, cuda_keys(trainers[1]))
     assert not step.ready()
     step.make_state()
     assert step.ready()
@@ -538,7 +508,7 @@ def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
 
 
 def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, caplog):
-    """Each recording's host time adds to the runner's ``capture_seconds`` and is in its log
+    """Each recording's host time adds to the step's ``capture_seconds`` and is in its log
     line (tools/bench_train.py reports the sum for an end-to-end run)."""
 
     class SlowRecorder(EagerStepRecorder):
@@ -546,12 +516,12 @@ def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, 
             time.sleep(0.05)
             return super().micro(*args)
 
-    whole = trainer_for(keys, installed_falconet_plugins, SlowRecorder())
+    whole = run_for(keys, installed_falconet_plugins, SlowRecorder())
     with caplog.at_level(logging.INFO, logger="falconet.train"):
-        train(whole, batches(whole, 6), lambda t: pad_targets(t, (32, 64)))  # one bucket
-    runner = whole.step_runner
-    assert runner.counts["recorded"] == 1
-    assert runner.capture_seconds >= 0.05
+        train(whole, batches(whole, 6), padded((32, 64)))  # one bucket
+    stats = whole.step.stats()
+    assert stats.recorded == 1
+    assert stats.capture_seconds >= 0.05
     assert re.search(r"captured the step for input .* with target bucket .* in \d+ ms", caplog.text)
 
 
@@ -578,17 +548,17 @@ def test_micro_casts_weights_and_counts_batches_in_one_kernel_each(
             self.count[str(func.overloadpacket)] += 1
             return func(*args, **(kwargs or {}))
 
-    trainer = trainer_for({**keys, "amp_dtype": "bf16"}, installed_falconet_plugins)
-    batch = batches(trainer, 1)[0]
+    run = run_for({**keys, "amp_dtype": "bf16"}, installed_falconet_plugins)
+    batch = batches(run, 1)[0]
     images = batch["images"].float().div_(255)
-    targets = {k: batch[k] for k in TARGET_KEYS}
-    step = StaticStep(trainer)
+    targets = Targets.from_batch(batch)
+    step = StaticStep(run.parts, cuda_keys(run))
     eager, static = Ops(), Ops()
     with eager:
-        with trainer.precision.autocast(trainer.device):
-            outputs = trainer.network(images)
-        loss, _ = trainer.loss_fn(outputs, targets)
-        torch.autograd.grad(loss * trainer.cfg.batch, step.params)  # as micro: no .grad
+        with run.precision.autocast(run.device):
+            outputs = run.model(images)
+        loss, _ = run.parts.loss(outputs, targets)
+        torch.autograd.grad(loss * run.parts.loss_gain, step.params)  # as micro: no .grad
     counters = [m.num_batches_tracked for _, m in step.counted]
     before = [int(c) for c in counters]
     with static:

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from falconet.interfaces import DispatchContext
-from falconet_graphs_cuda.backend import CudaGraphDispatch
+from falconet.interfaces import GraphContext
+from falconet_graphs_cuda.backend import CudaGraphBackend
 from falconet_graphs_cuda.graphed import GraphedNetwork, grad_buffer
 
 
@@ -329,11 +329,11 @@ def test_a_failed_capture_runs_that_shape_eager_and_logs_once(caplog) -> None:
 
 
 def test_the_backend_declines_where_it_cannot_run() -> None:
-    backend = CudaGraphDispatch()
+    backend = CudaGraphBackend()
     net = Net()
-    cpu = DispatchContext(torch.device("cpu"), "fp32", capture_region=net)
+    cpu = GraphContext(torch.device("cpu"), "fp32", capture_region=net)
     assert "CUDA device" in backend.decline_reason(cpu)
     cuda = torch.device("cuda", 0)
-    assert "DDP" in backend.decline_reason(DispatchContext(cuda, "bf16", 2, net))
-    assert "capture region" in backend.decline_reason(DispatchContext(cuda, "bf16", 1, None))
-    assert backend.decline_reason(DispatchContext(cuda, "bf16", 1, net)) is None
+    assert "DDP" in backend.decline_reason(GraphContext(cuda, "bf16", 2, net))
+    assert "capture region" in backend.decline_reason(GraphContext(cuda, "bf16", 1, None))
+    assert backend.decline_reason(GraphContext(cuda, "bf16", 1, net)) is None

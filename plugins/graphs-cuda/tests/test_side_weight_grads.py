@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from falconet.training.config import TrainConfig
+from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda import side_weight_grads
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
 from falconet_graphs_cuda.static_step import side_stream_applies
@@ -132,4 +132,4 @@ def test_compiled_through_the_mode_is_the_same_pass():
     ],
 )
 def test_where_the_whole_step_uses_the_second_stream(keys, device, applies):
-    assert side_stream_applies(TrainConfig(**keys), torch.device(device)) is applies
+    assert side_stream_applies(GraphsCudaKeys(**keys), torch.device(device)) is applies

@@ -163,8 +163,7 @@ class CudaMicro:
 
     def replay(self, images: torch.Tensor, targets: Targets):
         self.images.copy_(images)
-        for field in dataclasses.fields(self.targets):
-            getattr(self.targets, field.name).copy_(getattr(targets, field.name))
+        copy_targets(self.targets, targets)
         self.graph.replay()
         return self.loss, self.parts
 
@@ -190,10 +189,7 @@ class CudaStepRecorder:
     def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
         device = images.device
         static_images = images.clone()
-        static_targets = dataclasses.replace(
-            targets,
-            **{f.name: getattr(targets, f.name).clone() for f in dataclasses.fields(targets)},
-        )
+        static_targets = clone_targets(targets)
         network = step.network
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(device)
@@ -255,3 +251,61 @@ def _no_autocast_cache(device_type: str):
             torch.set_autocast_cache_enabled(previous)
 
     return off()
+
+
+def clone_targets(targets: Targets) -> Targets:
+    """Static copies of every tensor of ``targets`` (what a recording reads)."""
+    names = [f.name for f in dataclasses.fields(targets)]
+    return dataclasses.replace(targets, **{n: getattr(targets, n).clone() for n in names})
+
+
+def copy_targets(static: Targets, targets: Targets) -> None:
+    """Fill a recording's static targets with ``targets`` (of the same bucket)."""
+    for field in dataclasses.fields(static):
+        getattr(static, field.name).copy_(getattr(targets, field.name))
+
+
+class EagerStepRecorder:
+    """A stand-in for :class:`CudaStepRecorder` that "records" by keeping static copies of the
+    inputs and "replays" by running the static step's functions eagerly on them: the buffer
+    semantics of a replay without CUDA, so the whole step's logic runs on the CPU (the tests
+    and falconet-testing's graph-backend contract). ``fail`` makes every recording raise, as
+    a capture that fails does."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.micros: list[EagerMicro] = []
+
+    def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
+        if self.fail:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        self.micros.append(EagerMicro(step, bucket, images.clone(), clone_targets(targets)))
+        return self.micros[-1]
+
+    def update(self, step) -> EagerUpdate:
+        return EagerUpdate(step)
+
+
+class EagerMicro:
+    """A "recorded" forward + loss + backward: the static step's ``micro`` on static inputs."""
+
+    def __init__(self, step, bucket: tuple[int, ...], images: torch.Tensor, targets) -> None:
+        self.step, self.bucket = step, bucket
+        self.images, self.targets = images, targets
+        self.replays = 0
+
+    def replay(self, images: torch.Tensor, targets: Targets):
+        self.images.copy_(images)
+        copy_targets(self.targets, targets)
+        self.replays += 1
+        return self.step.micro(self.images, self.targets)
+
+
+class EagerUpdate:
+    """A "recorded" update: the static step's ``update``."""
+
+    def __init__(self, step) -> None:
+        self.step = step
+
+    def replay(self) -> None:
+        self.step.update()

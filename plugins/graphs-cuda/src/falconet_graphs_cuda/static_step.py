@@ -5,8 +5,9 @@
 buffers, which are the parameters' ``.grad`` while the whole step is in use. Under autocast it
 makes the convolutions' low-precision weights itself, all in one kernel
 (:meth:`StaticStep._make_casts`), and advances BatchNorm's batch counters in one kernel too.
-On a GPU, with the network not compiled, its convolutions' weight gradients run on a second stream (``wgrad_stream``,
-:mod:`falconet_graphs_cuda.side_weight_grads`), joined before the gradients are read.
+On a GPU, with the network not compiled, its convolutions' weight gradients run on a second
+stream (``wgrad_stream``, :mod:`falconet_graphs_cuda.side_weight_grads`), joined before the
+gradients are read.
 ``update()`` is the optimizer step: clipping, SGD with momentum (Nesterov or not, per-group
 weight decay) or AdamW, the EMA update and zeroing the gradients. Everything a step changes
 on the host side lives in device tensors that are filled before each call: each group's

@@ -6,12 +6,13 @@
         plugin = "my_package.falconet_plugin"   # the entry point's value
         distribution = "my-package"
 
-Each later kind (graph backends, ...) adds its suite here.
+Every kind of plugin item has its suite here.
 """
 
 from falconet_testing.contracts.assigner import AssignerContract
 from falconet_testing.contracts.eval_backend import EvalBackendContract
 from falconet_testing.contracts.family import FamilyContract
+from falconet_testing.contracts.graph_backend import GraphBackendContract
 from falconet_testing.contracts.plugin import PluginContract
 from falconet_testing.contracts.precision import PrecisionBackendContract
 
@@ -19,6 +20,7 @@ __all__ = [
     "AssignerContract",
     "EvalBackendContract",
     "FamilyContract",
+    "GraphBackendContract",
     "PluginContract",
     "PrecisionBackendContract",
 ]
