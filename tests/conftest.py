@@ -1,6 +1,6 @@
-"""Cross-package fixtures: a real installation of the faulty fixture plugins, kept aside.
+"""Cross-package fixtures: real installations of fixture plugins, kept aside.
 
-``tests/fixtures/broken-plugin`` is built into a wheel with hatchling and unpacked into a
+``tests/fixtures/broken-plugin`` (and ``priority-plugin``) is built into a wheel with hatchling and unpacked into a
 temporary site folder (what an installer does with a pure-Python wheel), so its entry points are
 discovered by ``importlib.metadata`` exactly as an installed distribution's are, but only by the
 tests that put that folder on their path; the development environment stays clean. And
@@ -34,19 +34,31 @@ def load_tool() -> Callable[[str], ModuleType]:
     return _load_tool
 
 
-@pytest.fixture(scope="session")
-def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding the installed ``falconet-broken-plugin`` distribution."""
+def _installed(fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the fixture distribution ``tests/fixtures/<fixture>``, built into a
+    wheel with hatchling and unpacked as an installer would."""
     from hatchling.builders.wheel import WheelBuilder
 
     dist = tmp_path_factory.mktemp("dist")
     site = tmp_path_factory.mktemp("site")
-    (wheel,) = WheelBuilder(str(FIXTURES / "broken-plugin")).build(
+    (wheel,) = WheelBuilder(str(FIXTURES / fixture)).build(
         directory=str(dist), versions=["standard"]
     )
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     return site
+
+
+@pytest.fixture(scope="session")
+def broken_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the installed ``falconet-broken-plugin`` distribution."""
+    return _installed("broken-plugin", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def priority_plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the installed ``falconet-priority-plugin`` distribution."""
+    return _installed("priority-plugin", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
