@@ -112,15 +112,22 @@ def test_bad_keys_are_clear_errors_on_the_command_line(falconet_cli, tiny_run, p
     assert "Traceback" not in done.stderr
 
 
-def test_help_lists_every_key_with_default(falconet_cli):
-    from falconet.training.config import describe_keys
+def test_help_lists_every_key_with_default(falconet_cli, installed_falconet_plugins):
+    """The core's keys first, then each plugin's under its distribution's name."""
+    from falconet.training.config import CORE, config_model, describe_keys
 
     done = falconet_cli("train", "--help")
     assert done.returncode == 0
-    for key, default, _meaning in describe_keys():
-        assert any(
-            line.split()[:2] == [key, default] for line in done.stdout.splitlines() if line.strip()
-        ), key
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    rows = describe_keys(config_model(installed_falconet_plugins))
+    owners = {owner for *_, owner in rows}
+    assert {CORE, "falconet-graphs-cuda", "falconet-profiler"} <= owners
+    for key, default, _meaning, owner in rows:
+        (at,) = [i for i, line in enumerate(lines) if line.split()[:2] == [key, default]]
+        headings = [line.strip() for line in lines[:at] if line.strip().startswith("Keys ")]
+        expected = "Keys (KEY=VALUE; default, meaning):" if owner == CORE else f"Keys of {owner}:"
+        assert headings[-1] == expected, key
+    assert "compile_mode" in [key for key, *_, owner in rows if owner == CORE]
 
 
 def test_early_stopping_fires(falconet_cli, tiny_run, tmp_path):

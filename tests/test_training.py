@@ -15,10 +15,13 @@ import pytest
 import torch
 
 from falconet import Detector
+from falconet.data.targets import Targets
 from falconet.training.callbacks import EVENTS, CallbackList
 from falconet.training.checkpoint import CheckpointError, load_checkpoint
 from falconet.training.config import ConfigError
-from falconet.training.setup import plan_run
+from falconet.training.planning import build_callbacks, callback_names, plan_run
+from falconet.training.run_state import RunState
+from falconet.training.step import NO_CAPTURES
 from falconet.training.trainer import Trainer, TrainingDiverged
 
 
@@ -64,9 +67,9 @@ class NanAfter:
     def __init__(self, loss, start: int) -> None:
         self.loss, self.start, self.calls = loss, start, 0
 
-    def __call__(self, outputs, batch):
+    def __call__(self, outputs, targets):
         self.calls += 1
-        total, parts = self.loss(outputs, batch)
+        total, parts = self.loss(outputs, targets)
         return (total * float("nan") if self.calls >= self.start else total), parts
 
 
@@ -88,6 +91,9 @@ def _add_family(plugins, name: str, build_loss) -> str:
 
         def build_loss(self, model, assigner):
             return build_loss(yolo.build_loss(model, assigner))
+
+        def static_loss(self, assigner):
+            return False  # a test loss: no graph backend records it
 
     Wrapped.name = name
     plugins.add_plugin(
@@ -121,7 +127,7 @@ def _per_image_mean_loss(_yolo_loss):
     """A loss that is a plain mean over images (YOLO's is normalised by its soft-target sum,
     floored at 1, which at random initialisation makes a batch and its half differ by design)."""
 
-    def loss(outputs, batch):
+    def loss(outputs, targets):
         box, cls = outputs[0].float(), outputs[1].float()
         total = cls.sigmoid().mean() + 1e-3 * box.pow(2).mean()
         return total, {"cls": total.detach()}
@@ -136,27 +142,28 @@ def test_gradient_accumulation_equals_the_larger_batch(tiny_run, installed_falco
     model = _add_family(plugins, "mean", _per_image_mean_loss)
     big = _trainer(tiny_run, plugins, model=model, batch=4, nbs=4, name="big")
     small = _trainer(tiny_run, plugins, model=model, batch=2, nbs=4, name="small")
-    before = [p.detach().clone() for p in big.model.parameters()]
-    assert (big.accumulate, small.accumulate) == (1, 2)
-    for a, b in zip(big.model.parameters(), small.model.parameters(), strict=True):
+    big_model, small_model = big.run.model, small.run.model
+    before = [p.detach().clone() for p in big_model.parameters()]
+    assert (big.run.accumulate, small.run.accumulate) == (1, 2)
+    for a, b in zip(big_model.parameters(), small_model.parameters(), strict=True):
         assert torch.equal(a, b)
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    targets = {
-        "boxes": torch.zeros(2, 8, 4),
-        "labels": torch.zeros(2, 8, dtype=torch.int64),
-        "counts": torch.zeros(2, dtype=torch.int64),
-    }
-    doubled = {k: torch.cat([v, v]) for k, v in targets.items()}
-    big.train_batch(torch.cat([images, images]), doubled, optimizer_step=True)
-    small.train_batch(images, targets, optimizer_step=False)
-    grads = [p.grad.clone() for p in small.model.parameters()]
-    small.train_batch(images, targets, optimizer_step=True)
+    boxes, labels = torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.int64)
+    counts = torch.zeros(2, dtype=torch.int64)
+    targets = Targets.from_padded(boxes, labels, counts)
+    doubled = Targets.from_padded(torch.cat([boxes] * 2), torch.cat([labels] * 2), counts.repeat(2))
+    big.run.step(torch.cat([images, images]), doubled, update=True)
+    small.run.step(images, targets, update=False)
+    assert small.progress.updates == 0  # no update: the gradients wait for the next batch
+    grads = [p.grad.clone() for p in small_model.parameters()]
+    small.run.step(images, targets, update=True)
+    assert (big.progress.updates, small.progress.updates) == (1, 1)
     # compare the updates: a slip in the accumulation (a missing 1/accumulate, a zero_grad
     # between batches) is off by 50-100%; float rounding, amplified by BatchNorm's backward on
     # a few near-cancelling weights, stays far below 0.1% of the update
     diff = total = 0.0
     for (name, a), b, start in zip(
-        big.model.named_parameters(), small.model.parameters(), before, strict=True
+        big_model.named_parameters(), small_model.parameters(), before, strict=True
     ):
         step_a, step_b = (a.detach() - start).double(), (b.detach() - start).double()
         assert step_a.norm() > 0, f"{name} did not move"
@@ -233,12 +240,20 @@ def test_plugin_graph_backend_and_callbacks_are_used(tiny_run, installed_falcone
     plugins = installed_falconet_plugins
     events: list[str] = []
 
+    states: list[RunState] = []
+
     class Recorder:
         name, summary = "recorder", "records the events it sees"
 
+        @staticmethod
+        def wanted(config):
+            return False  # only when callbacks= names it
+
         def __init__(self, **options):
             for event in EVENTS:
-                setattr(self, event, lambda trainer, *args, e=event: events.append(e))
+                setattr(
+                    self, event, lambda run, *args, e=event: (events.append(e), states.append(run))
+                )
 
     plugins.add_plugin(
         SimpleNamespace(register_callbacks=lambda register: register(Recorder)),
@@ -252,6 +267,76 @@ def test_plugin_graph_backend_and_callbacks_are_used(tiny_run, installed_falcone
     assert plugins.graph_backends.get("example-counting").calls == 6  # 2 epochs x 3 batches
     epoch = ["on_epoch_start"] + ["on_step_end"] * 3 + ["on_val_end", "on_epoch_end"]
     assert events == ["on_train_start", *epoch, *epoch, "on_train_end"]
+    # every event receives the run's typed view, one object kept current, never the trainer
+    (state,) = {id(s): s for s in states}.values()
+    assert isinstance(state, RunState)
+    assert (state.model, state.graph, state.precision, str(state.device)) == (
+        "yolo-n",
+        "example-counting",
+        "fp32",
+        "cpu",
+    )
+    assert (state.accumulate, state.batches_per_epoch, state.train_images) == (2, 3, 24)
+    # updates at every 2nd batch and at an epoch's last: batches 2 and 3 of each epoch
+    assert (state.epoch, state.batch_in_epoch, state.progress.updates) == (2, 3, 4)
+    assert state.config.callbacks == ["recorder"] and state.last_eval is not None
+    assert (state.run_dir / "results.csv").is_file() and "img/s" in state.logged
+    assert state.step_stats() == NO_CAPTURES  # the eager step records nothing
+
+
+def test_the_core_loggers_are_registered_callbacks_a_run_adds_when_wanted(
+    tiny_run, falconet_plugins, add_falconet_plugin
+):
+    from falconet.training.callbacks import (
+        ConsoleProgress,
+        CSVLogger,
+        PlotWriter,
+        tensorboard_available,
+    )
+    from falconet.training.config import build_config, config_model
+
+    class Named:
+        name, summary = "named", "added by name only"
+
+        @staticmethod
+        def wanted(config):
+            return False
+
+        def __init__(self, **options):
+            pass
+
+    add_falconet_plugin(SimpleNamespace(register_callbacks=lambda register: register(Named)))
+    model = config_model(falconet_plugins)
+    tensorboard = ["tensorboard"] if tensorboard_available() else []
+    plots = build_config(model, {"plots": True})
+    assert callback_names(plots, falconet_plugins) == ["csv", "plots", "progress", *tensorboard]
+    quiet = build_config(model, {"plots": False, "callbacks": "named"})
+    assert callback_names(quiet, falconet_plugins) == ["csv", "progress", *tensorboard, "named"]
+    built = build_callbacks(quiet, falconet_plugins)
+    assert [type(c) for c in built[:2]] == [CSVLogger, ConsoleProgress]
+    assert isinstance(built[-1], Named) and not any(isinstance(c, PlotWriter) for c in built)
+
+
+def test_a_callback_can_end_the_run_after_the_current_batch(tiny_run, installed_falconet_plugins):
+    """``request_stop`` inside an epoch: that epoch is neither validated nor saved, so the last
+    checkpoint is the previous epoch's, and the reason is the summary's ``stop_reason``."""
+    seen = []
+
+    class StopsInEpochTwo:
+        def on_step_end(self, run):
+            seen.append((run.epoch, run.batch_in_epoch))
+            if (run.epoch, run.batch_in_epoch) == (1, 2):
+                run.request_stop("enough for this test")
+
+        def on_train_end(self, run):
+            seen.append("end")
+
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=3)
+    trainer.callbacks = CallbackList([StopsInEpochTwo()])
+    summary = trainer.fit()
+    assert seen == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), "end"]
+    assert summary["stop_reason"] == "enough for this test" and summary["epochs"] == 1
+    assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 1
 
 
 def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
@@ -282,7 +367,7 @@ def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_fa
     the steps that update the weights (here every 2nd batch and the epoch's last)."""
     from contextlib import contextmanager
 
-    from falconet.training.phases import NO_PHASES, PHASES
+    from falconet.training.phases import PHASES
 
     seen: list[str] = []
     depth = [0]
@@ -298,12 +383,14 @@ def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_fa
     class Install:
         name = "install"
 
-        def on_train_start(self, trainer):
-            assert trainer.phases is NO_PHASES
-            trainer.phases = recorder
+        def on_train_start(self, run):
+            assert not run.phases.timed  # the do-nothing default until someone installs one
+            run.phases.use(recorder)
 
     plan = plan_run({**tiny_run, "epochs": 1, "nbs": 16, "val": False}, installed_falconet_plugins)
-    Trainer(plan, installed_falconet_plugins, [Install()]).fit()
+    trainer = Trainer(plan, installed_falconet_plugins, [Install()])
+    assert trainer.state.phases is trainer.run.parts.phases  # the step's phases, shared
+    trainer.fit()
     batch = ["data", "to-device", "forward", "loss", "backward"]
     update = ["optimizer", "ema"]
     assert seen == batch + batch + update + batch + update  # 3 batches, accumulate 2
@@ -339,8 +426,8 @@ def test_the_last_checkpoint_is_on_disk_before_on_train_end(
     seen = []
 
     class ReadsLast:
-        def on_train_end(self, trainer):
-            seen.append(load_checkpoint(trainer.weights_dir / "last.pt")["epoch"])
+        def on_train_end(self, run):
+            seen.append(load_checkpoint(run.run_dir / "weights" / "last.pt")["epoch"])
 
     trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
     trainer.callbacks = CallbackList([ReadsLast()])
@@ -355,8 +442,8 @@ def test_the_loaders_workers_are_stopped_when_fit_returns(tiny_run, installed_fa
     started = []
 
     class SeesWorkers:
-        def on_epoch_end(self, trainer, row):
-            for loader in (trainer.train_loader, trainer.val_loader):
+        def on_epoch_end(self, run, row):
+            for loader in (trainer.run.train_loader, trainer.run.val_loader):
                 started.extend(loader._iterator._workers)
 
     trainer.callbacks = CallbackList([SeesWorkers()])
@@ -376,10 +463,11 @@ def test_the_val_batches_are_started_with_a_validating_epoch_and_score_the_same(
     started, results = [], []
 
     class Sees:
-        def on_epoch_start(self, trainer):
+        def on_epoch_start(self, run):
             started.append(trainer._val_batches is not None)
 
-        def on_val_end(self, trainer, result):
+        def on_val_end(self, run, result):
+            assert run.last_eval is result
             results.append(result.stats)
 
     trainer.callbacks = CallbackList([Sees()])
@@ -398,17 +486,16 @@ def test_a_validation_from_a_started_iterator_predicts_what_the_loader_gives(
     from falconet.training import validation
 
     trainer = _trainer(tiny_run, installed_falconet_plugins, workers=2, val=True)
-    model = trainer.model.eval()
+    run = trainer.run
+    model = run.model.eval()
 
     def predict(batches):
-        categories = validation.category_ids(trainer.dataset)
-        return validation.predict_split(
-            model, trainer.family, batches, trainer.device, categories
-        ).state()
+        categories = validation.category_ids(run.dataset)
+        return validation.predict_split(model, run.family, batches, run.device, categories).state()
 
-    started = iter(trainer.val_loader)
+    started = iter(run.val_loader)
     time.sleep(0.5)  # the workers prepare the batches meanwhile
-    early, fresh = predict(started), predict(trainer.val_loader)
+    early, fresh = predict(started), predict(run.val_loader)
     assert len(fresh["images"]) == 8 and fresh["counts"].min() > 0
     assert early.keys() == fresh.keys()
     assert all(np.array_equal(early[k], fresh[k]) for k in fresh)

@@ -87,3 +87,50 @@ def test_unknown_category_ids_are_an_error(falconet_plugins):
         EvalInputError, match="category ids not in the ground truth: 0; map contiguous labels"
     ):
         evaluate(gt, dets, backend="pycocotools", plugins=falconet_plugins)
+
+
+class FakeEval:
+    """An eval backend that answers as the reference does, or whose library is missing."""
+
+    summary = "test evaluator"
+
+    def __init__(self, name: str, priority: int, available: bool = True) -> None:
+        self.name, self.priority, self.available = name, priority, available
+
+    def version(self):
+        from falconet.evaluation.evaluate import EvalBackendUnavailable
+
+        if not self.available:
+            raise EvalBackendUnavailable(f"eval_backend={self.name} needs a missing library")
+        return "1"
+
+    def evaluate(self, ground_truth, detections, *, threads=None):
+        return PycocotoolsBackend().evaluate(ground_truth, detections, threads=threads)
+
+
+def test_auto_takes_the_importable_backend_of_highest_priority(falconet_plugins):
+    from types import SimpleNamespace
+
+    from falconet.evaluation.evaluate import default_backend_name
+    from falconet.interfaces import EvalBackend
+
+    assert PycocotoolsBackend.priority == 0
+    assert default_backend_name(falconet_plugins) == "pycocotools"  # the built-ins alone
+    fakes = [
+        FakeEval("fastest-missing", 90, available=False),  # skipped: its library is missing
+        FakeEval("fast", 30),
+        FakeEval("a-fast", 30),  # a tie goes by name
+        FakeEval("slow", -5),  # below the reference
+    ]
+    assert all(isinstance(f, EvalBackend) for f in fakes)
+    falconet_plugins.add_plugin(
+        SimpleNamespace(register_eval_backends=lambda register: [register(f) for f in fakes]),
+        "fakes",
+        "fake-evals",
+    )
+    assert default_backend_name(falconet_plugins) == "a-fast"
+    ground_truth = coco128_ground_truth()
+    detections = generated_detections(ground_truth, seed=0)
+    result = evaluate(ground_truth, detections, plugins=falconet_plugins)
+    reference = PycocotoolsBackend().evaluate(ground_truth, detections)
+    assert result.stats == reference.stats

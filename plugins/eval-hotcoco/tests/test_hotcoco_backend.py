@@ -38,6 +38,11 @@ def test_a_later_thread_count_is_reported_not_silently_applied(caplog):
 def test_default_backend_skips_hotcoco_when_its_library_is_missing(
     monkeypatch, installed_falconet_plugins
 ):
+    # eval_backend=auto goes by priority: hotcoco, then vernier, then the reference
+    priorities = {
+        e.name: e.item.priority for e in installed_falconet_plugins.eval_backends.entries()
+    }
+    assert priorities["hotcoco"] > priorities["vernier"] > priorities["pycocotools"] == 0
     assert default_backend_name(installed_falconet_plugins) == "hotcoco"
     monkeypatch.setitem(sys.modules, "hotcoco", None)
     assert default_backend_name(installed_falconet_plugins) == "vernier"

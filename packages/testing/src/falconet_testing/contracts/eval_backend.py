@@ -47,6 +47,10 @@ class EvalBackendContract:
 
     def test_satisfies_interface(self) -> None:
         assert isinstance(self.backend, EvalBackend)
+        priority = self.backend.priority
+        assert isinstance(priority, int) and not isinstance(priority, bool), (
+            f"{self.backend.name}: priority (the order of eval_backend=auto) must be an int"
+        )
         assert isinstance(self.backend.version(), str) and self.backend.version()
 
     @pytest.mark.parametrize("case", list(PARITY_CASES))
