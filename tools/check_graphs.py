@@ -1,24 +1,47 @@
-"""Paired-run check of the CUDA-graph backends against eager, on a GPU.
+"""Paired-run check of the CUDA-graph backends against eager, on a GPU, with real updates.
 
     python tools/check_graphs.py --data .data/coco128/coco128.yaml --amp fp32,fp16,bf16 \\
-        --steps 24 --out graphs-check.json
+        --steps 24 --strict --out graphs-check.json
 
 For each precision, the trainers start from the same state (same seed, same initial weights)
 and train on the same batches (fetched once, kept on the host): eager, eager again (the
 baseline: how far two eager runs already differ), cuda-graph twice (is a replay
 deterministic run to run) and whole-step (and with ``--fuse PRECISIONS`` whole-step with
 ``fuse=inductor``, or another ``--fuse-mode``, twice: is the fused step deterministic run to
-run). ``--strict`` turns on
-``torch.use_deterministic_algorithms`` (warning where an op has no deterministic kernel).
-Batch 16 with ``nbs=64`` accumulates 4 batches per optimizer step, so the gradient-
-accumulation copy is on the path. Compared after every step's loss and at the end: weights,
-EMA weights, optimizer state (bit-equal counts and the largest difference). Peak allocated
-and reserved memory of each run are reported as the growth over what was held before it.
+run). ``--strict`` turns on ``torch.use_deterministic_algorithms`` (warning where an op has no
+deterministic kernel). Batch 16 with ``nbs=64`` accumulates 4 batches per optimizer step, so
+the gradient-accumulation copy is on the path.
+
+**Real updates.** fp16's gradient scaler starts at 2**16, where every update of the first
+~30 batches overflows and is skipped, so a check of that length compared runs whose weights
+never moved. Every arm's scaler here starts at ``--init-scale`` (256) instead, set through
+``GradScaler``'s public ``state_dict``/``load_state_dict`` before the first batch, and the
+updates step. One update window (``--overflow-window``, the 2nd) is made to overflow on
+purpose: its scale is set to 2**40 before its first batch and put back to ``--init-scale``
+after its update, so the skipped-step path (eager's host-side skip, whole-step's on-device
+no-op) is compared too. Each arm counts the updates that changed its weights (any trained
+parameter not bit-equal to before the update); the check FAILS (exit status 1, verdict
+``FAIL``) when, in an arm, fewer than ``--min-updated`` (3/4) of the updates not forced to
+overflow changed the weights, or the forced overflow did not leave them as they were.
+
+**Compared**, for each pair (eager/eager2, graph/eager, graph/graph2, whole/eager,
+fused/eager, fused/fused2): every batch's loss; after every accumulating batch (not an
+update), the accumulated gradients (``param.grad``: under whole-step its static buffers,
+which are the parameters' ``.grad``); after every update, the trained weights; at the end,
+every tensor of the weights, EMA weights and optimizer state. Each as the count bit-equal
+(NaN where NaN counts as equal) and the largest absolute and relative difference. Peak
+allocated and reserved memory of each run are reported as the growth over what was held
+before it. The verdict lines (printed last, and under ``verdict`` in ``--out``) are what an
+A/B of two commits compares.
 
 Then the failure path: a module with a host sync in its forward (``.item()``) cannot be
 captured; after the failed capture the same process keeps training it eagerly, and its
 outputs and gradients are compared bit for bit with an untouched copy trained eagerly, so
 the report says whether falling back to eager in-process is safe.
+
+On the CPU (``--device cpu``, or no GPU) only the script itself is checked: the graph
+backends decline and run eagerly, fp16 (CUDA only) is left out, and there is no memory
+figure or failed-capture test.
 """
 
 from __future__ import annotations
@@ -27,97 +50,341 @@ import argparse
 import copy
 import json
 import logging
+import math
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-
-def build(keys: dict):
-    from falconet.plugins import get_plugins
-    from falconet.training.setup import plan_run
-    from falconet.training.trainer import Trainer
-
-    plugins = get_plugins()
-    return Trainer(plan_run(keys, plugins), plugins)
+FORCED_SCALE = 2.0**40  # the forced overflow's scale: any fp16 gradient of the loss overflows
 
 
-def fetch_batches(trainer, steps: int) -> list[dict]:
+# ------------------------------------------------------------------------------------------
+# The trainer's API, in this one place.
+#
+# This script must run against the trainer before issue 28's step seam (commit 9f7be47:
+# ``Trainer.train_batch(images, targets_dict, *, optimizer_step)``, targets a dict of
+# ``TARGET_KEYS``, ``trainer.step_runner``/``trainer.network`` with ``counts``) and after it
+# (a step object in place of ``train_batch``, targets a ``falconet.data.targets.Targets``
+# dataclass with ``from_batch`` and ``.to``). Everything else reads an arm through
+# :class:`Arm`; nothing outside this section touches a trainer.
+# ------------------------------------------------------------------------------------------
+def _targets_type():
+    """``falconet.data.targets.Targets`` where it exists (after), else None (before: dicts)."""
+    try:
+        from falconet.data.targets import Targets
+    except ImportError:
+        return None
+    return Targets
+
+
+def _find(owner: Any, name: str) -> Any:
+    """``owner.name``, or the attribute ``name`` of one of ``owner``'s attributes (the step's
+    parts, where the trainer keeps them in one object), or None."""
+    if hasattr(owner, name):
+        return getattr(owner, name)
+    for value in vars(owner).values():
+        if not isinstance(value, (nn.Module, torch.Tensor, dict, list, tuple)) and hasattr(
+            value, name
+        ):
+            return getattr(value, name)
+    return None
+
+
+def _step_callable(trainer: Any):
+    """``fn(images, targets, update) -> loss``: ``Trainer.train_batch`` (before), or the
+    trainer's step object, called with ``optimizer_step=`` as ``train_batch`` was (after)."""
+    if hasattr(trainer, "train_batch"):
+        return lambda images, targets, update: trainer.train_batch(
+            images, targets, optimizer_step=update
+        )
+    for name in ("step_fn", "train_step", "run_step", "step"):
+        step = _find(trainer, name)
+        if step is not None and callable(step) and not isinstance(step, nn.Module):
+            return lambda images, targets, update: step(images, targets, optimizer_step=update)
+    raise TypeError(
+        "check_graphs: found neither Trainer.train_batch nor a step object on the trainer; "
+        "teach Arm (tools/check_graphs.py, 'The trainer's API') the new step API"
+    )
+
+
+class Arm:
+    """One trainer of a paired run, seen through the pieces both APIs have."""
+
+    def __init__(self, keys: dict) -> None:
+        from falconet.plugins import get_plugins
+        from falconet.training.setup import plan_run
+        from falconet.training.trainer import Trainer
+
+        plugins = get_plugins()
+        self.trainer = Trainer(plan_run(keys, plugins), plugins)
+        self._step = _step_callable(self.trainer)
+        self._targets = _targets_type()
+
+    # the parts a step is made of
+    @property
+    def device(self) -> torch.device:
+        return _find(self.trainer, "device")
+
+    @property
+    def accumulate(self) -> int:
+        return int(_find(self.trainer, "accumulate"))
+
+    @property
+    def model(self) -> nn.Module:
+        return _find(self.trainer, "model")
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return _find(self.trainer, "optimizer")
+
+    @property
+    def ema_module(self) -> nn.Module | None:
+        ema = _find(self.trainer, "ema")
+        return None if ema is None else ema.module
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 gradient scaler (a ``torch.amp.GradScaler``, or a subclass), or None."""
+        scaler = _find(self.trainer, "scaler")
+        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+            return scaler
+        return None
+
+    @property
+    def loader(self):
+        return _find(self.trainer, "train_loader")
+
+    @property
+    def used(self) -> str:
+        """The graph backend that runs (one that declines runs eager)."""
+        return str(_find(self.trainer, "graph"))
+
+    def capture_stats(self) -> dict:
+        """What the backend counted (recorded, replayed, eager batches; its failure), best
+        effort, by owner: the step runner's (whole-step) and the network's (cuda-graph)
+        ``counts`` and ``failed``, or a typed statistics object's fields."""
+        import dataclasses
+
+        out: dict = {}
+        for name in ("step_runner", "network", "capture_stats", "stats"):
+            owner = _find(self.trainer, name)
+            if owner is None:
+                continue
+            found: dict = {}
+            if dataclasses.is_dataclass(owner) and not isinstance(owner, type):
+                found |= {k: v for k, v in dataclasses.asdict(owner).items() if _plain(v)}
+            counts = getattr(owner, "counts", None)
+            if isinstance(counts, dict):
+                found |= {k: v for k, v in counts.items() if _plain(v)}
+            failed = getattr(owner, "failed", None)
+            if failed:
+                found["failed_with"] = (
+                    [str(v) for v in failed.values()] if isinstance(failed, dict) else str(failed)
+                )
+            if found:
+                out[name] = found
+        return out
+
+    # the scaler, through GradScaler's public API
+    def scale(self) -> float | None:
+        return None if self.scaler is None else float(self.scaler.get_scale())
+
+    def set_scale(self, scale: float) -> None:
+        """The scaler's scale (growth tracker kept), in place: a recorded step that reads the
+        scale's device tensor reads the new one."""
+        if self.scaler is not None:
+            self.scaler.load_state_dict({**self.scaler.state_dict(), "scale": float(scale)})
+
+    # a batch
+    def step(self, batch: dict, update: bool) -> torch.Tensor:
+        """One batch (forward, loss, backward; the optimizer step and EMA if ``update``), as
+        the training loop runs it; returns the loss (a device tensor)."""
+        device = self.device
+        images = batch["images"].to(device).float().div_(255)
+        if self._targets is not None:
+            targets = self._targets.from_batch(batch).to(device)
+        else:
+            from falconet.data.targets import TARGET_KEYS
+
+            targets = {k: batch[k].to(device) for k in TARGET_KEYS}
+        out = self._step(images, targets, update)
+        return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool, type(None)))
+
+
+# ------------------------------------------------------------------------------------------
+# The paired runs
+# ------------------------------------------------------------------------------------------
+def fetch_batches(arm: Arm, steps: int) -> list[dict]:
     from falconet.data.loader import stop_workers
 
     batches: list[dict] = []
     while len(batches) < steps:
-        for batch in trainer.train_loader:
-            batches.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
+        for batch in arm.loader:
+            batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()})
             if len(batches) == steps:
                 break
-    stop_workers(trainer.train_loader)  # not 5 s per worker at exit (torch 2.11)
+    stop_workers(arm.loader)  # not 5 s per worker at exit (torch 2.11)
     return batches
 
 
-def train(trainer, batches: list[dict]) -> dict:
-    from falconet.data.targets import TARGET_KEYS
+def trained(model: nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
 
-    device = trainer.device
+
+def flat_weights(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in trained(model)]).cpu()
+
+
+def flat_grads(model: nn.Module) -> torch.Tensor:
+    """The accumulated gradients of the trained parameters, one flat host tensor (a missing
+    ``.grad`` reads as zeros)."""
+    parts = [
+        (p.grad.detach() if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+        for p in trained(model)
+    ]
+    return torch.cat(parts).cpu()
+
+
+def train(arm: Arm, batches: list[dict], args) -> dict:
+    """Train ``arm`` on ``batches``; the losses, the gradients after every accumulating batch,
+    the weights after every update, and which updates changed the weights."""
+    device = arm.device
     cuda = device.type == "cuda"  # on the CPU only the script itself is checked
+    arm.set_scale(args.init_scale)
+    scaled = arm.scaler is not None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     held = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (0, 0)
-    losses = []
+    losses, grads, weights, updated, scales = [], [], [], [], []
+    before = flat_weights(arm.model)
+    accumulate = arm.accumulate
     start = time.perf_counter()
     for i, batch in enumerate(batches):
-        images = batch["images"].to(device).float().div_(255)
-        targets = {k: batch[k].to(device) for k in TARGET_KEYS}
-        update = (i + 1) % trainer.accumulate == 0
-        loss, _ = trainer.train_batch(images, targets, optimizer_step=update)
+        window = i // accumulate + 1  # 1-based update window
+        forced = scaled and window == args.overflow_window
+        if forced and i % accumulate == 0:
+            arm.set_scale(FORCED_SCALE)
+        update = (i + 1) % accumulate == 0
+        loss = arm.step(batch, update)
         losses.append(loss.detach().float().clone())
+        if not update:
+            grads.append(flat_grads(arm.model))
+            continue
+        after = flat_weights(arm.model)
+        weights.append(after)
+        updated.append(not torch.equal(after, before))
+        scales.append(arm.scale())
+        before = after
+        if forced:
+            arm.set_scale(args.init_scale)
     if cuda:
         torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()) if cuda else held
+    forced_window = args.overflow_window if scaled and args.overflow_window <= len(updated) else 0
     return {
         "losses": torch.stack(losses).cpu(),
+        "grads": grads,
+        "weights": weights,
+        "updates": {
+            "steps": len(updated),
+            "updated": sum(updated),
+            "changed": updated,
+            "forced_overflow_window": forced_window or None,
+            "scales_after": scales if scaled else None,
+        },
         "seconds": time.perf_counter() - start,
         "peak_allocated_mib": (peak[0] - held[0]) / 2**20,
         "peak_reserved_mib": (peak[1] - held[1]) / 2**20,
-        "counts": dict(getattr(trainer.network, "counts", {})),
+        "counts": arm.capture_stats(),
     }
 
 
-def state_tensors(trainer) -> dict[str, torch.Tensor]:
-    tensors = {f"model.{k}": v for k, v in trainer.model.state_dict().items()}
-    if trainer.ema is not None:
-        tensors.update({f"ema.{k}": v for k, v in trainer.ema.module.state_dict().items()})
-    for i, state in enumerate(trainer.optimizer.state.values()):
+def state_tensors(arm: Arm) -> dict[str, torch.Tensor]:
+    tensors = {f"model.{k}": v for k, v in arm.model.state_dict().items()}
+    if arm.ema_module is not None:
+        tensors.update({f"ema.{k}": v for k, v in arm.ema_module.state_dict().items()})
+    for i, state in enumerate(arm.optimizer.state.values()):
         tensors.update({f"optim.{i}.{k}": v for k, v in state.items() if torch.is_tensor(v)})
     return tensors
 
 
-def compare(a, b, run_a: dict, run_b: dict) -> dict:
+def same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: equal values, or NaN in both (so an overflowed step's NaNs compare)."""
+    if not a.is_floating_point():
+        return a == b
+    return (a == b) | (a.isnan() & b.isnan())
+
+
+def difference(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float, float]:
+    """Bit-equal (as :func:`same`), the largest absolute difference and that over the
+    largest magnitude of ``a`` (``inf``/``nan`` where one side is not finite and the other
+    is, or differs)."""
+    if a.shape != b.shape:
+        return False, math.inf, math.inf
+    if not a.numel():
+        return True, 0.0, 0.0
+    equal = same(a, b)
+    if bool(equal.all()):
+        return True, 0.0, 0.0
+    a64, b64 = a.double(), b.double()
+    worst = float(torch.where(equal, 0.0, (a64 - b64).abs()).max())
+    scale = float(a64.nan_to_num(0.0, 0.0, 0.0).abs().max())
+    return False, worst, worst / scale if scale else math.inf
+
+
+def series(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict:
+    """Snapshot by snapshot: how many are bit-equal, the largest differences, the first that
+    differs (0-based)."""
+    out = {"equal": 0, "of": min(len(a), len(b)), "max_abs_diff": 0.0, "max_rel_diff": 0.0}
+    first = None
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        equal, worst, rel = difference(x, y)
+        out["equal"] += equal
+        if not equal and first is None:
+            first = i
+        out["max_abs_diff"] = max(out["max_abs_diff"], worst)
+        out["max_rel_diff"] = max(out["max_rel_diff"], rel)
+    out["first_unequal"] = first
+    if len(a) != len(b):
+        out["lengths"] = [len(a), len(b)]
+    return out
+
+
+def compare(a: Arm, b: Arm, run_a: dict, run_b: dict) -> dict:
     ta, tb = state_tensors(a), state_tensors(b)
-    equal = sum(torch.equal(ta[k], tb[k]) for k in ta)
-    worst = max(
-        ((ta[k].double() - tb[k].double()).abs().max().item(), k)
-        for k in ta
-        if ta[k].numel() and ta[k].is_floating_point()
-    )
+    equal, worst, where = 0, 0.0, None
+    for k in ta:
+        same_k, diff, _ = difference(ta[k], tb[k]) if k in tb else (False, math.inf, 0.0)
+        equal += same_k
+        if ta[k].is_floating_point() and (where is None or diff > worst):
+            worst, where = diff, k
     la, lb = run_a["losses"], run_b["losses"]
     return {
-        "losses_equal": int((la == lb).sum()),
+        "losses_equal": int(same(la, lb).sum()),
         "losses": len(la),
         "loss_max_abs_diff": float((la - lb).abs().max()),
+        "grads": series(run_a["grads"], run_b["grads"]),
+        "weights_per_update": series(run_a["weights"], run_b["weights"]),
         "tensors_equal": equal,
         "tensors": len(ta),
-        "max_abs_diff": worst[0],
-        "worst_tensor": worst[1],
+        "max_abs_diff": worst,
+        "worst_tensor": where,
     }
 
 
 def paired_keys(args, amp: str, tmp: Path) -> dict:
     """The training keys every arm of a paired run shares (SGD, deterministic, one state)."""
-    return dict(
+    keys = dict(
         data=args.data,
         imgsz=args.imgsz,
         batch=args.batch,
@@ -134,70 +401,124 @@ def paired_keys(args, amp: str, tmp: Path) -> dict:
         project=str(tmp),
         exist_ok=True,
     )
+    if args.device:
+        keys["device"] = args.device
+    return keys | dict(k.split("=", 1) for k in args.keys)
+
+
+PAIRS = (  # (name, arm, reference): what the report compares
+    ("eager_vs_eager", "eager2", "eager"),
+    ("graph_vs_eager", "graph", "eager"),
+    ("graph_vs_graph", "graph2", "graph"),
+    ("whole_vs_eager", "whole", "eager"),
+    ("fused_vs_eager", "fused", "eager"),
+    ("fused_vs_fused", "fused2", "fused"),
+)
 
 
 def paired(args, amp: str, tmp: Path) -> dict:
     keys = paired_keys(args, amp, tmp)
-    arms = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
-    arms.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
-    arms.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
+    specs = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
+    specs.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
+    specs.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(","):
         fused = {"fuse": args.fuse_mode} | dict(k.split("=", 1) for k in args.fused_keys)
-        arms.append(("fused", "whole-step", fused))
-        arms.append(("fused2", "whole-step", fused))  # run to run
-    trainers = {
-        name: build({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
-        for name, graph, extra in arms
+        specs.append(("fused", "whole-step", fused))
+        specs.append(("fused2", "whole-step", fused))  # run to run
+    arms = {
+        name: Arm({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
+        for name, graph, extra in specs
     }
-    batches = fetch_batches(trainers["eager"], args.steps)
-    runs = {name: train(trainer, batches) for name, trainer in trainers.items()}
-    whole = {"losses_eager": runs["eager"]["losses"].tolist()} if "whole" in trainers else {}
-    for name in ("whole", "fused"):
-        if name not in trainers:
-            continue
-        runner = trainers[name].step_runner
-        whole |= {
-            f"{name}_used": trainers[name].graph,
-            f"{name}_vs_eager": compare(
-                trainers["eager"], trainers[name], runs["eager"], runs[name]
-            ),
-            f"{name}_counts": dict(runner.counts) if runner else {},
-            f"{name}_failed_with": runner.failed if runner else None,
-            f"losses_{name}": runs[name]["losses"].tolist(),
+    batches = fetch_batches(arms["eager"], args.steps)
+    runs = {name: train(arm, batches, args) for name, arm in arms.items()}
+    result: dict = {"amp": amp, "init_scale": args.init_scale if arms["eager"].scaler else None}
+    result["used"] = {name: arm.used for name, arm in arms.items()}
+    result["updates"] = {name: run["updates"] for name, run in runs.items()}
+    for pair, name, reference in PAIRS:
+        if name in arms:
+            result[pair] = compare(arms[reference], arms[name], runs[reference], runs[name])
+    result["counts"] = {name: run["counts"] for name, run in runs.items()}
+    result["memory_mib"] = {
+        n: {
+            "peak_allocated": round(r["peak_allocated_mib"]),
+            "peak_reserved": round(r["peak_reserved_mib"]),
         }
-    if "fused2" in trainers:
-        whole["fused_vs_fused"] = compare(
-            trainers["fused"], trainers["fused2"], runs["fused"], runs["fused2"]
-        )
-    return {
-        **whole,
-        "amp": amp,
-        "graph_used": trainers["graph"].graph,
-        "eager_vs_eager": compare(
-            trainers["eager"], trainers["eager2"], runs["eager"], runs["eager2"]
-        ),
-        "graph_vs_eager": compare(
-            trainers["eager"], trainers["graph"], runs["eager"], runs["graph"]
-        ),
-        "graph_vs_graph": compare(
-            trainers["graph"], trainers["graph2"], runs["graph"], runs["graph2"]
-        ),
-        "memory_mib": {
-            n: {
-                "peak_allocated": round(r["peak_allocated_mib"]),
-                "peak_reserved": round(r["peak_reserved_mib"]),
-            }
-            for n, r in runs.items()
-        },
-        "seconds": {n: round(r["seconds"], 2) for n, r in runs.items()},
-        "graph_counts": runs["graph"]["counts"],
-        "graph_failed_with": [
-            str(v) for v in getattr(trainers["graph"].network, "failed", {}).values()
-        ],
-        "losses_graph": runs["graph"]["losses"].tolist(),
+        for n, r in runs.items()
     }
+    result["seconds"] = {n: round(r["seconds"], 2) for n, r in runs.items()}
+    result |= {f"losses_{n}": r["losses"].tolist() for n, r in runs.items()}
+    result["verdict"] = verdict(result, args.min_updated)
+    return result
 
 
+# ------------------------------------------------------------------------------------------
+# The verdict
+# ------------------------------------------------------------------------------------------
+def _power(scale: float) -> str:
+    exponent = math.log2(scale) if scale > 0 else 0.5
+    return f"2^{int(exponent)}" if exponent == int(exponent) else f"{scale:g}"
+
+
+def update_verdict(amp: str, name: str, updates: dict, least: float) -> tuple[str, bool]:
+    """``"fp16 whole: updated 5/6 update steps ..."`` and whether the arm passes: at least
+    ``least`` of the updates not forced to overflow changed the weights, and the forced one
+    (if any) did not."""
+    changed, forced = updates["changed"], updates["forced_overflow_window"]
+    free = [c for i, c in enumerate(changed, 1) if i != forced]
+    forced_skipped = forced is None or not changed[forced - 1]
+    ok = bool(free) and sum(free) >= least * len(free) and forced_skipped
+    line = f"{amp} {name}: updated {sum(changed)}/{len(changed)} update steps"
+    if forced is not None:
+        state = "skipped" if forced_skipped else "NOT skipped"
+        line += f" ({sum(free)}/{len(free)} not forced; the forced overflow at update {forced}: "
+        line += f"{state})"
+    if updates["scales_after"]:
+        line += f", scale after each update {', '.join(map(_power, updates['scales_after']))}"
+    if not ok:
+        line += f": FAIL (needs {math.ceil(least * len(free))}/{len(free)} updated"
+        line += ", and the forced overflow skipped)" if forced is not None else ")"
+    return line, ok
+
+
+def compare_verdict(amp: str, pair: str, c: dict) -> str:
+    g, w = c["grads"], c["weights_per_update"]
+    counts = (
+        f"losses {c['losses_equal']}/{c['losses']}, grads {g['equal']}/{g['of']}, "
+        f"weights {w['equal']}/{w['of']}, final tensors {c['tensors_equal']}/{c['tensors']}"
+    )
+    bit = (
+        c["losses_equal"] == c["losses"]
+        and g["equal"] == g["of"]
+        and w["equal"] == w["of"]
+        and c["tensors_equal"] == c["tensors"]
+    )
+    if bit:
+        return f"{amp} {pair}: bit for bit ({counts})"
+    return (
+        f"{amp} {pair}: differs ({counts}; max |d loss| {c['loss_max_abs_diff']:.3g}, "
+        f"max |d grad| {g['max_abs_diff']:.3g} (rel {g['max_rel_diff']:.3g}), "
+        f"max |d weight| {w['max_abs_diff']:.3g} (rel {w['max_rel_diff']:.3g}), "
+        f"final {c['max_abs_diff']:.3g} in {c['worst_tensor']})"
+    )
+
+
+def verdict(result: dict, least: float) -> dict:
+    amp = result["amp"]
+    lines, failed = [], []
+    for name, updates in result["updates"].items():
+        line, ok = update_verdict(amp, name, updates, least)
+        lines.append(line)
+        if not ok:
+            failed.append(f"{amp} {name}")
+    used = ", ".join(f"{n}={u}" for n, u in result["used"].items())
+    lines.append(f"{amp} backends used: {used}")
+    lines += [compare_verdict(amp, pair, result[pair]) for pair, *_ in PAIRS if pair in result]
+    return {"lines": lines, "failed": failed}
+
+
+# ------------------------------------------------------------------------------------------
+# The failure path and full runs
+# ------------------------------------------------------------------------------------------
 class SyncingNet(nn.Module):
     """A host sync (``.item()``) in the forward: not capturable."""
 
@@ -213,8 +534,11 @@ class SyncingNet(nn.Module):
 
 
 def failed_capture() -> dict:
-    from falconet_graphs_cuda.graphed import GraphedNetwork
-    from falconet_graphs_cuda.recording import CudaRecorder
+    try:  # the plugin's own pieces; a layout without them skips this part
+        from falconet_graphs_cuda.graphed import GraphedNetwork
+        from falconet_graphs_cuda.recording import CudaRecorder
+    except ImportError as exc:
+        return {"skipped": f"{type(exc).__name__}: {exc}"}
 
     torch.manual_seed(0)
     net = SyncingNet().cuda().train()
@@ -233,11 +557,11 @@ def failed_capture() -> dict:
             opt.step()
             opt.zero_grad()
         torch.cuda.synchronize()
-        same = torch.equal(outs[0], outs[1]) and all(
+        same_step = torch.equal(outs[0], outs[1]) and all(
             torch.equal(a, b)
             for a, b in zip(net.state_dict().values(), twin.state_dict().values(), strict=True)
         )
-        equal_steps += same
+        equal_steps += same_step
     # the context still works for other CUDA work, graphs included
     other = torch.cuda.CUDAGraph()
     static = torch.ones(4, device="cuda")
@@ -290,13 +614,35 @@ def full_runs(args, tmp: Path) -> list[dict]:
     return out
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=".data/coco128/coco128.yaml")
     parser.add_argument("--amp", default="fp32,fp16,bf16")
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=24, help="batches per arm (4 per update)")
+    parser.add_argument("--device", default="", help="the trainers' device key (e.g. cpu)")
+    parser.add_argument(
+        "--init-scale",
+        type=float,
+        default=256.0,
+        help="fp16: every arm's gradient scaler starts here (torch's 2**16 overflows)",
+    )
+    parser.add_argument(
+        "--overflow-window",
+        type=int,
+        default=2,
+        help="fp16: the update window (1-based) made to overflow on purpose; 0 for none",
+    )
+    parser.add_argument(
+        "--min-updated",
+        type=float,
+        default=0.75,
+        help="fail when an arm's updates changed its weights in fewer than this share",
+    )
+    parser.add_argument(
+        "--keys", nargs="*", default=[], help="more config keys of every arm, key=value"
+    )
     parser.add_argument(
         "--full-runs", default="", help="graph backends to also train 3 epochs with: eager,..."
     )
@@ -326,29 +672,53 @@ def main() -> None:
     if args.strict:
         torch.use_deterministic_algorithms(True, warn_only=True)
     tmp = Path(tempfile.mkdtemp(prefix="check-graphs-"))
-    cuda = torch.cuda.is_available()
+    cuda = (torch.cuda.is_available() and args.device in ("", "cuda")) or "cuda" in args.device
     report: dict = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "paired": [],
     }
-    report["paired"] = []
-    for amp in args.amp.split(","):
-        result = paired(args, amp, tmp)
-        report["paired"].append(result)
-        print(json.dumps({k: v for k, v in result.items() if "losses" not in k}), flush=True)
+
+    def save() -> None:
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
+
+    lines, failed = [], []
+    for amp in args.amp.split(","):
+        if amp == "fp16" and not cuda:
+            print("fp16 left out: it needs a CUDA device", flush=True)
+            continue
+        result = paired(args, amp, tmp)
+        report["paired"].append(result)
+        lines += result["verdict"]["lines"]
+        failed += result["verdict"]["failed"]
+        print(
+            json.dumps({k: v for k, v in result.items() if "losses" not in k and k != "verdict"}),
+            flush=True,
+        )
+        save()
+    least = f"{args.min_updated:g}"
+    lines.append(
+        f"verdict: FAIL: fewer than {least} of the updates changed the weights, or the forced "
+        f"overflow was not skipped, in {', '.join(failed)}"
+        if failed
+        else f"verdict: PASS: in every arm at least {least} of the updates changed the weights "
+        "(and a forced overflow left them as they were)"
+    )
+    report["verdict"] = {"lines": lines, "failed": failed, "pass": not failed}
+    save()
     if args.full_runs:
         report["full_runs"] = full_runs(args, tmp)
         print(json.dumps(report["full_runs"]), flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(report, indent=1))
+        save()
     if cuda:  # last: if a failed capture broke the process, the paired results are saved
         report["failed_capture"] = failed_capture()
         print(json.dumps(report["failed_capture"]), flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(report, indent=1))
+        save()
+    print("\n".join(lines), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,13 +3,19 @@
 # (tools/device/ab_prepare.sh): commits of the project side by side in one call. Each side
 # (.ab/a, .ab/b, ...) is installed into its own /tmp/site-<side>; the jobs of ab_jobs run one at
 # a time, in order, each with its side's wheels and its side's tools/ (so a job A B A B
-# interleaves the sides).
+# interleaves the sides). Jobs joined by "," run at the same time (each its own process on the
+# one GPU: for jobs that time nothing, e.g. "check:a,check:b"), the next entry after all end.
 #   ab_jobs="update:a update:b step:a step:b step:a step:b check:b"
 # Jobs:
 #   update  tools/bench_update.py: the whole step's update, whole and part by part (ab_amp)
 #   step    tools/bench_train.py --measures step at batch 16: ab_step_arms (fp16 and bf16
 #           whole-step by default)
-#   check   tools/check_graphs.py --strict in ab_amp, 24 steps, no fused arm
+#   warm    untimed, the step job's arms once each, all at a time: Inductor's caches on the
+#           machine then hold the compiled (fuse=) arms, which later step jobs load in seconds
+#   check   tools/check_graphs.py --strict in ab_check_amp (ab_amp by default), 24 steps, no
+#           fused arm unless ab_check_args says (e.g. "--fuse fp16 --fuse-mode inductor-loss
+#           --fused-keys bn_silu=triton"); its rc is 1 when the check's verdict is FAIL (a
+#           check_graphs.py that counts updates), and its verdict lines close the output
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-4 of 4, batch 16,
 #           ab_e2e_arms (fp16 whole-step by default)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
@@ -17,7 +23,7 @@
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
 set -uo pipefail
-export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
+export MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 # bytecode written once and reused by the call's later processes, as an installation's .pyc
 # files are (the machine's torch has none, and compiling its modules took 3-4 s a process)
 export PYTHONPYCACHEPREFIX=/tmp/pycache
@@ -34,25 +40,35 @@ for dir in .ab/*/; do
 done
 ws=falconet:graph=whole-step
 amp=${ab_amp:-fp16,bf16}
-n=0
-for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
-  name=${entry%%:*} side=${entry##*:}
-  n=$((n + 1))
-  out="$OUT/$n-$name-$side.json" log="/tmp/logs/$n-$name-$side"
+arms=${ab_step_arms:-$ws:amp_dtype=fp16,$ws:amp_dtype=bf16}
+job() {  # n name side: one job, in its side's tools/ with its side's packages
+  local n=$1 name=$2 side=$3
+  local out="$OUT/$n-$name-$side.json" log="/tmp/logs/$n-$name-$side" start=$SECONDS
   export PYTHONPATH="/tmp/site-$side" PATH="/tmp/site-$side/bin:$base_path"
+  export FALCONET_CACHE_DIR=/tmp/falconet-cache-$side  # sides may write their caches apart
   cd "$root/.ab/$side/tools" || exit 1
-  start=$SECONDS
   case $name in
     update)
       timeout "${update_timeout:-150}" python bench_update.py --data "$data/coco128.yaml" \
         --batch 16 --amp "$amp" --out "$out" ;;
     step)
       timeout "${step_timeout:-150}" python bench_train.py --data "$data" --batch 16 \
-        --arms "${ab_step_arms:-$ws:amp_dtype=fp16,$ws:amp_dtype=bf16}" --repeats 1 \
+        --arms "$arms" --repeats 1 \
         --measures step --gpus 0 --timeout "${step_timeout:-150}" --out "$out" ;;
+    warm)
+      # untimed: the step arms once, all at a time, so that the step jobs load compiled (fuse=)
+      # arms from Inductor's caches on the machine instead of compiling each (~100 s an arm)
+      IFS=, read -r -a each <<< "$arms"
+      lanes=$(printf "0,%.0s" "${each[@]}")
+      out=$log.json  # under logs.tgz: a call brings back at most 8 files
+      timeout "${warm_timeout:-240}" python bench_train.py --data "$data" --batch 16 \
+        --arms "$arms" --repeats 1 --measures step --gpus "${lanes%,}" --warmup 40 --steps 1 \
+        --timeout "${warm_timeout:-240}" --out "$out" ;;
     check)
+      # shellcheck disable=SC2086  # ab_check_args: several arguments
       timeout "${check_timeout:-240}" python check_graphs.py --data "$data/coco128.yaml" \
-        --amp "$amp" --fuse "" --strict --steps 24 --out "$out" ;;
+        --amp "${ab_check_amp:-$amp}" --fuse "" --strict --steps 24 ${ab_check_args:-} \
+        --out "$out" ;;
     e2e)
       timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 --batch 16 \
         --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 --epochs 4 --repeat-data 4 \
@@ -68,7 +84,32 @@ for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
   esac > "$log.out" 2> "$log.err"
   echo "$n $name $side: rc $? in $((SECONDS - start)) s"
   cd "$root" || exit 1
+}
+n=0
+for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
+  IFS=, read -r -a group <<< "$entry"
+  for one in "${group[@]}"; do
+    n=$((n + 1))
+    if (( ${#group[@]} > 1 )); then
+      job "$n" "${one%%:*}" "${one##*:}" &
+    else
+      job "$n" "${one%%:*}" "${one##*:}"
+    fi
+  done
+  wait
 done
-for f in /tmp/logs/*.out; do echo "== $f"; tail -n 12 "$f"; done
+for f in /tmp/logs/*.out; do
+  echo "== $f"
+  case $f in
+    *-check-*) grep -E "^(fp32|fp16|bf16|verdict)" "$f" || tail -n 12 "$f" ;;  # the verdict
+    *) tail -n 12 "$f" ;;
+  esac
+done
+# the step jobs' times, one line per job and arm
+for f in "$OUT"/*-step-*.json; do
+  [[ -e $f ]] && python3 -c 'import json, sys; f = sys.argv[1]
+for r in json.load(open(f))["results"]:
+    print(f.rsplit("/", 1)[-1], r["arm"], r.get("graph"), "step_ms", r.get("step_ms"))' "$f"
+done
 grep -h "captured\|could not\|declined\|Error" /tmp/logs/*.err | sort | uniq -c | head -20
 tar czf "$OUT/logs.tgz" -C /tmp logs
