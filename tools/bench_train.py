@@ -152,16 +152,16 @@ def gpu_profile(step, steps: int = 20) -> dict:
 
 # ---------------------------------------------------------------------------- the arms
 def recordings(trainer) -> dict:
-    """What a graph backend spent on recording in the run: captures made and their host wall
-    time (warm-up passes included), and the batches it left to run eagerly, from its network
-    wrapper and step runner; empty when neither records."""
-    owners = [o for o in (trainer.network, trainer.step_runner) if hasattr(o, "capture_seconds")]
-    if not owners:
+    """What the run's graph backend spent on recording: captures made and their host wall
+    time (warm-up passes included), and the batches it left to run eagerly (the step's
+    capture statistics); empty when it records nothing."""
+    stats = trainer.run.step.stats()
+    if not stats.captures:
         return {}
     return {
-        "captures": sum(o.counts["recorded"] for o in owners),
-        "capture_s": round(sum(o.capture_seconds for o in owners), 3),
-        "eager_batches": sum(o.counts["eager"] for o in owners),
+        "captures": stats.recorded,
+        "capture_s": round(stats.capture_seconds, 3),
+        "eager_batches": stats.eager,
     }
 
 
@@ -169,9 +169,9 @@ def run_falconet(args) -> dict:
     import torch
 
     from falconet.data.loader import stop_workers
-    from falconet.data.targets import TARGET_KEYS, target_bucket
+    from falconet.data.targets import Targets
     from falconet.plugins import get_plugins
-    from falconet.training.setup import plan_run
+    from falconet.training.planning import plan_run
     from falconet.training.trainer import Trainer
 
     plugins = get_plugins()
@@ -211,9 +211,9 @@ def run_falconet(args) -> dict:
         clock = EpochClock()
         callback = SimpleCallback(clock)
         trainer = Trainer(plan_run(keys, plugins), plugins, [callback])
-        result["graph"] = trainer.graph  # what ran: a backend that declines runs eager
+        result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
         saves = timed_calls(trainer.checkpoints, "submit")
-        images = len(trainer.train_loader.dataset)
+        images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
         # every epoch's wall time, epoch 1 included: where a short run's time goes
@@ -226,23 +226,24 @@ def run_falconet(args) -> dict:
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.ends = clock.ends[1:]
         result["img_s"] = clock.throughput(images)
-        result["loss_last_epoch"] = trainer.logged
+        result["loss_last_epoch"] = trainer.state.logged
         result.update(recordings(trainer))
     else:
         start = time.perf_counter()
         trainer = Trainer(plan_run({**keys, "epochs": 1}, plugins), plugins)
-        result["graph"] = trainer.graph
-        batch = next(iter(trainer.train_loader))
+        run = trainer.run
+        result["graph"] = run.graph
+        batch = next(iter(run.train_loader))
         # the loader's workers are done: left running, torch 2.11 spent 5 s per worker joining
         # them at exit (an arm's process outlived its measurement by 40 s; stop_workers)
-        stop_workers(trainer.train_loader)
-        device = trainer.device
+        stop_workers(run.train_loader)
+        device = run.device
         images = batch["images"].to(device).float().div_(255)
-        targets = {k: batch[k].to(device) for k in TARGET_KEYS}
-        result["bucket"] = target_bucket(targets)  # (M, N): what the loss's assigner works on
+        targets = Targets.from_batch(batch).to(device)
+        result["bucket"] = targets.bucket  # (M, N): what the loss's assigner works on
 
         def step() -> None:
-            trainer.train_batch(images, targets, optimizer_step=True)
+            run.step(images, targets, update=True)
 
         # where an arm's minute goes (set-up, timed steps, the profiled steps), to plan calls
         seconds = {"setup": time.perf_counter() - start}
