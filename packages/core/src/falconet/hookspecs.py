@@ -71,10 +71,10 @@ def register_precision_backends(register: Register) -> None:
 
 @hookspec
 def register_graph_backends(register: Register) -> None:
-    """Register dispatch backends for the network call (:class:`falconet.interfaces.GraphBackend`).
+    """Register graph backends (:class:`falconet.interfaces.GraphBackend`): how a step runs.
 
     :param register: call ``register(backend)`` once per backend; its ``name`` becomes
-        selectable with ``graph=...``.
+        selectable with ``graph=...``, and its ``priority`` ranks it for ``graph=auto``.
 
     Called once when the plugins are loaded. The return value is ignored.
     """

@@ -184,7 +184,8 @@ class Plugins:
 
     # -- loading ------------------------------------------------------------------------------
     def load_builtins(self) -> Plugins:
-        """Register the core's own plugin (precision, dispatch, commands). Idempotent."""
+        """Register the core's own plugin (precision, graph backends, loggers, commands).
+        Idempotent."""
         if not any(r.name == BUILTIN_PLUGIN for r in self.records):
             from falconet import builtin
 
