@@ -62,7 +62,7 @@ def measure(args, trainer, images, targets) -> dict:
 
     def steps(n: int) -> None:
         for _ in range(n):
-            trainer.train_batch(images, targets, optimizer_step=True)
+            trainer.run.step(images, targets, update=True)
 
     steps(max(args.steps, 5))  # an optimizer state, and whole-step's recording
     files = trainer._checkpoint_files()
@@ -106,7 +106,7 @@ def measure(args, trainer, images, targets) -> dict:
     )
     equal = sum(torch.equal(before[k], written[k]) for k in before)
     return {
-        "graph": trainer.graph,
+        "graph": trainer.run.graph,
         "files": [str(path.name) for _, path in files],
         "megabytes": round(sum(path.stat().st_size for _, path in files) / 2**20, 1),
         "tensors": len(before),

@@ -115,6 +115,7 @@ class _Timeline:
         self.phase_batches = phase_batches
         self.phases: list[dict[str, float]] = [{}]  # one dict per timed batch
         self.workers: list[int] = []  # the train loader's worker pids when training ends
+        self.loader = None  # the train loader, set once the trainer is built
         self.batches_in_epoch = 0
         self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
         self.validations: list[float] = []  # each validation's end
@@ -129,7 +130,7 @@ class _Timeline:
     def mark(self, name: str) -> None:
         self.points.setdefault(name, self.now())
 
-    # the trainer's phase seam (falconet.training.phases), installed for the first batch
+    # the step's phase seam (falconet.training.phases), installed for the first batches
     def phase(self, name: str):
         timeline = self
 
@@ -145,46 +146,45 @@ class _Timeline:
 
         return _Phase()
 
-    def on_epoch_start(self, trainer) -> None:
+    def on_epoch_start(self, run) -> None:
         self.batches_in_epoch = 0
         self.epoch_starts.append(self.now())
         if len(self.epoch_starts) == 3:  # the second epoch's end is over
             self.end_profile.disable()
             self.end_profiled = True
 
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, run) -> None:
         self.mark("fit_start")
-        trainer.phases = self.phase
+        run.phases.use(self.phase)
         self.profile = cProfile.Profile()
         self.profile.enable()
 
-    def on_step_end(self, trainer) -> None:
+    def on_step_end(self, run) -> None:
         if "first_batch" not in self.points:
             self.synchronize()
             self.profile.disable()
             self.mark("first_batch")
         self.batches_in_epoch += 1
-        if self.batches_in_epoch == trainer.steps_in_epoch:
+        if self.batches_in_epoch == run.batches_per_epoch:
             self.synchronize()
             self.last_batch_ends.append(self.now())  # the epoch's batches done: validation next
             if len(self.last_batch_ends) == 2:
                 self.end_profile.enable()
         if len(self.phases) == self.phase_batches:
-            from falconet.training.phases import NO_PHASES
-
-            trainer.phases, self.phase_batches = NO_PHASES, 0  # those batches only
+            run.phases.reset()  # those batches only
+            self.phase_batches = 0
         elif self.phase_batches:
             self.phases.append({})
 
-    def on_val_end(self, trainer, result) -> None:
+    def on_val_end(self, run, result) -> None:
         """A validation ends (after the epoch's last batch, before the epoch's end)."""
         self.validations.append(self.now())
 
-    def on_train_end(self, trainer) -> None:
-        iterator = getattr(trainer.train_loader, "_iterator", None)  # persistent workers
+    def on_train_end(self, run) -> None:
+        iterator = getattr(self.loader, "_iterator", None)  # persistent workers
         self.workers = [w.pid for w in getattr(iterator, "_workers", [])]
 
-    def on_epoch_end(self, trainer, row) -> None:
+    def on_epoch_end(self, run, row) -> None:
         self.synchronize()
         self.epoch_ends.append(self.now())
         self.mark("epoch1")
@@ -198,7 +198,7 @@ def child(args) -> None:
     import torch
 
     from falconet.plugins import get_plugins
-    from falconet.training.setup import plan_run
+    from falconet.training.planning import plan_run
     from falconet.training.trainer import Trainer
 
     plugins = get_plugins()
@@ -239,6 +239,7 @@ def child(args) -> None:
     trainer = Trainer(plan, plugins, [timeline])
     building.disable()
     timeline.mark("trainer")
+    timeline.loader = trainer.run.train_loader
     trainer.fit()
     timeline.mark("fit")
     ends = [timeline.points["fit_start"], *timeline.epoch_ends]
@@ -246,7 +247,7 @@ def child(args) -> None:
         "points": {k: timeline.points[k] for k in POINTS if k in timeline.points},
         "epoch_s": [round(b - a, 3) for a, b in itertools.pairwise(ends)],
         "first_batches_phases_s": timeline.phases,
-        "graph": trainer.graph,
+        "graph": trainer.run.graph,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "log": timeline.log,

@@ -1,17 +1,17 @@
 """The whole step's update, part by part: where its milliseconds go.
 
 ``graph=whole-step`` records the update once and replays it after every accumulation window
-(``falconet_graphs_cuda.static_step.StaticStep.update``); on the H200 it was 1.6 ms of the
-13.2 ms fp16 step at batch 16, and 0.4 ms after the changes this script pointed to
-(docs/performance.md, "The update and the weights' casts"). This script times that update whole
-and each of its parts alone, each recorded as a CUDA graph and replayed (median of
-``--repeats`` replays after ``--warmup``, over ``--rounds`` rounds taken round-robin; the
-median of the rounds is reported): the scaler's unscale and overflow check (fp16), gradient
-clipping, the step (weight decay into the gradients, with fp16 the overflowed step made a
-no-op, then SGD), that no-op alone (fp16), the scale update (fp16), the EMA, and zeroing the
-gradients. The parts' sum against the whole says what recording them together
-saves. The trainer is the one ``train`` builds (SGD, the family's recipe) on ``--data``, its
-gradients those of one real batch.
+(``falconet_graphs_cuda.static_step.StaticStep.update``); its share of the step, before and
+after the changes this script pointed to, is in docs/lab/2026-11-step-time.md ("The update and
+the weights' casts"). This script times that update whole and each of its parts alone, each
+recorded as a CUDA graph and replayed (median of ``--repeats`` replays after ``--warmup``, over
+``--rounds`` rounds taken round-robin; the median of the rounds is reported): the scaler's
+unscale and overflow check (fp16), gradient clipping, the step (weight decay into the
+gradients, with fp16 the overflowed step made a no-op, then SGD), that no-op alone (fp16), the
+scale update (fp16), the EMA, and zeroing the gradients. The parts' sum against the whole says
+what recording them together saves. The trainer is the one ``train`` builds (SGD, the
+family's recipe) on ``--data``, its gradients those of one real batch; the update's keys
+(``fuse``, ``wgrad_stream``, ``bn_silu``) are the run's.
 
     cd tools && python bench_update.py --data ../.data/coco128/coco128.yaml --amp fp16,bf16 \\
         --batch 16 --out update.json
@@ -30,6 +30,7 @@ from first_batch import (  # tools/ is on the path
     save_results,
 )
 
+from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda.static_step import StaticStep
 
 
@@ -57,7 +58,11 @@ def main() -> None:
         from graph_replay import replay_ms
     results = new_results()
     for amp, batch_size, trainer, images, targets in each_case(args, "update", optimizer="sgd"):
-        step = StaticStep(trainer)
+        options = trainer.cfg.model_dump()  # the run's own fuse, wgrad_stream and bn_silu
+        keys = GraphsCudaKeys.model_validate(
+            {k: options[k] for k in GraphsCudaKeys.model_fields if k in options}
+        )
+        step = StaticStep(trainer.run.parts, keys)
         step.make_state()
         step.bind()
         step.micro(images, targets)  # real gradients in the static buffers

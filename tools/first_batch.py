@@ -1,7 +1,7 @@
 """What the replay benchmarks of a trainer's parts share (``bench_update.py``,
-``bench_checkpoint.py``, ``kernel_origins.py``): their command-line options, a trainer built as ``train`` builds it with
-the first batch of its loader on the device (for every precision and batch size asked), and
-the results file's head."""
+``bench_checkpoint.py``, ``kernel_origins.py``): their command-line options, a trainer built as
+``train`` builds it with the first batch of its loader on the device (for every precision and
+batch size asked), and the results file's head."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from check_graphs import build, fetch_batches  # tools/ is on the path
 
-from falconet.data.targets import TARGET_KEYS
+from falconet.data.loader import stop_workers
+from falconet.data.targets import Targets
+from falconet.plugins import get_plugins
+from falconet.training.planning import plan_run
+from falconet.training.trainer import Trainer
 
 
 def replay_parser(doc: str) -> argparse.ArgumentParser:
@@ -34,21 +37,27 @@ def replay_parser(doc: str) -> argparse.ArgumentParser:
 
 def trainer_and_batch(args, amp: str, batch_size: int, tmp: Path, name: str, **keys):
     """A trainer for ``args`` in ``amp`` at ``batch_size`` (its model in training mode), and
-    its loader's first batch: images as float in [0, 1] and targets, on its device. The
-    trainer is eager unless ``keys`` say otherwise: the scripts time the network and loss
-    themselves, and a step runner would only sit beside them."""
+    its loader's first batch: images as float in [0, 1] and :class:`Targets`, on its device.
+    The run's parts are ``trainer.run`` (``.step``, ``.parts``, ``.model``, ...). The trainer
+    is eager unless ``keys`` say otherwise: the scripts time the network and loss
+    themselves, and a graph backend's step would only sit beside them."""
     keys = {"graph": "eager", **keys}
-    trainer = build(
+    plugins = get_plugins()
+    plan = plan_run(
         dict(
             data=args.data, model=args.model, imgsz=args.imgsz, batch=batch_size, workers=2,
             cache="ram", amp_dtype=amp, val=False, plots=False, epochs=1, project=str(tmp),
             exist_ok=True, name=f"{name}-{amp}-b{batch_size}", **keys,
-        )
+        ),
+        plugins,
     )  # fmt: skip
-    batch = fetch_batches(trainer, 1)[0]
-    images = batch["images"].to(trainer.device).float().div_(255)
-    targets = {k: batch[k].to(trainer.device) for k in TARGET_KEYS}
-    trainer.model.train()
+    trainer = Trainer(plan, plugins)
+    run = trainer.run
+    batch = next(iter(run.train_loader))
+    stop_workers(run.train_loader)  # now, not at the interpreter's exit (stop_workers)
+    images = batch["images"].to(run.device).float().div_(255)
+    targets = Targets.from_batch(batch).to(run.device)
+    run.model.train()
     return trainer, images, targets
 
 

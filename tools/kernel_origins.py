@@ -44,12 +44,13 @@ def chain(event) -> list[str]:
 
 def origins(trainer, images, targets, warmup: int) -> list[dict]:
     """Kernels of one eager training step, grouped by (kernel kind, op chain, shapes)."""
+    step = trainer.run.step
     for _ in range(warmup):
-        trainer.train_batch(images, targets, optimizer_step=True)
+        step(images, targets, update=True)
     torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with profile(activities=activities, record_shapes=True) as prof:
-        trainer.train_batch(images, targets, optimizer_step=True)
+        step(images, targets, update=True)
         torch.cuda.synchronize()
     groups: dict[tuple, dict] = defaultdict(lambda: {"calls": 0, "us": 0.0})
     for event in prof.events():
