@@ -18,23 +18,25 @@ import warnings
 import torch
 from bench_train import median_ms  # the same CUDA-event timing (tools/ is on the path)
 
+from falconet.data.targets import Targets
 from falconet.plugins import get_plugins
 
 
-def make_batch(batch: int, imgsz: int, classes: int, device: torch.device) -> dict:
+def make_batch(
+    batch: int, imgsz: int, classes: int, device: torch.device
+) -> tuple[torch.Tensor, Targets]:
+    """Random channels-last images and their :class:`Targets` (24 boxes per image in 32 slots,
+    both views), on ``device``."""
     g = torch.Generator().manual_seed(0)
     xy = torch.rand(batch, 32, 2, generator=g) * (imgsz - 64)
     boxes = torch.cat((xy, xy + 8 + torch.rand(batch, 32, 2, generator=g) * 56), -1)
     counts = torch.full((batch,), 24)
     boxes[:, 24:] = 0
-    return {
-        "images": torch.rand(batch, 3, imgsz, imgsz, generator=g)
-        .to(device)
-        .contiguous(memory_format=torch.channels_last),
-        "boxes": boxes.to(device),
-        "labels": torch.randint(0, classes, (batch, 32), generator=g).to(device),
-        "counts": counts.to(device),
-    }
+    images = torch.rand(batch, 3, imgsz, imgsz, generator=g)
+    images = images.to(device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, classes, (batch, 32), generator=g)
+    # the per-box view is made from the counts on the host, as the loader makes it
+    return images, Targets.from_padded(boxes, labels, counts).to(device)
 
 
 def main() -> None:
@@ -72,12 +74,12 @@ def measure(
     net = family.build_model(args.model, 80).to(device).to(memory_format=torch.channels_last)
     loss_fn = family.build_loss(net, assigner)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.937, nesterov=True, foreach=True)
-    batch = make_batch(batch_size, args.imgsz, 80, device)
+    images, targets = make_batch(batch_size, args.imgsz, 80, device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
     def step() -> None:
         with torch.autocast("cuda", dtype=dtype, enabled=args.dtype != "fp32"):
-            total, _ = loss_fn(net(batch["images"]), batch)
+            total, _ = loss_fn(net(images), targets)
         total.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
