@@ -66,13 +66,29 @@ FORCED_SCALE = 2.0**40  # the forced overflow's scale: any fp16 gradient of the 
 # ------------------------------------------------------------------------------------------
 # The trainer's API, in this one place.
 #
-# This script must run against the trainer before issue 28's step seam (commit 9f7be47:
-# ``Trainer.train_batch(images, targets_dict, *, optimizer_step)``, targets a dict of
-# ``TARGET_KEYS``, ``trainer.step_runner``/``trainer.network`` with ``counts``) and after it
-# (a step object in place of ``train_batch``, targets a ``falconet.data.targets.Targets``
-# dataclass with ``from_batch`` and ``.to``). Everything else reads an arm through
-# :class:`Arm`; nothing outside this section touches a trainer.
+# This script must run against the trainer before issue 28's step seam (commit 9f7be47) and
+# after it:
+#   before: ``falconet.training.setup.plan_run``; ``Trainer.train_batch(images, targets, *,
+#           optimizer_step)`` with targets a dict of ``TARGET_KEYS``; the parts are trainer
+#           attributes (``trainer.model``, ``.optimizer``, ``.scaler``, ...); capture counts in
+#           ``trainer.step_runner.counts`` (whole-step) and ``trainer.network.counts``
+#           (cuda-graph);
+#   after:  ``plan_run`` in ``falconet.training.planning``; a step object,
+#           ``step(images, targets, *, update) -> (loss, parts)``, with ``step.stats()`` (a
+#           dataclass of capture counts); targets a ``falconet.data.targets.Targets``
+#           (``Targets.from_batch(batch).to(device)``); the parts attributes of one object the
+#           trainer holds (``trainer.run.model``, ...).
+# Which one is there is detected (``hasattr(trainer, "train_batch")``, ``Targets``
+# importable, where an attribute is found); nothing outside this section touches a trainer.
 # ------------------------------------------------------------------------------------------
+def _plan_run():
+    try:
+        from falconet.training.setup import plan_run  # before
+    except ImportError:
+        from falconet.training.planning import plan_run  # after
+    return plan_run
+
+
 def _targets_type():
     """``falconet.data.targets.Targets`` where it exists (after), else None (before: dicts)."""
     try:
@@ -83,8 +99,8 @@ def _targets_type():
 
 
 def _find(owner: Any, name: str) -> Any:
-    """``owner.name``, or the attribute ``name`` of one of ``owner``'s attributes (the step's
-    parts, where the trainer keeps them in one object), or None."""
+    """``owner.name``, or the attribute ``name`` of one of ``owner``'s attributes (the object
+    holding a run's parts, after), or None."""
     if hasattr(owner, name):
         return getattr(owner, name)
     for value in vars(owner).values():
@@ -95,21 +111,31 @@ def _find(owner: Any, name: str) -> Any:
     return None
 
 
-def _step_callable(trainer: Any):
-    """``fn(images, targets, update) -> loss``: ``Trainer.train_batch`` (before), or the
-    trainer's step object, called with ``optimizer_step=`` as ``train_batch`` was (after)."""
+def _step_object(trainer: Any) -> Any:
+    """The trainer's step object (after), or None (before: ``Trainer.train_batch``)."""
     if hasattr(trainer, "train_batch"):
-        return lambda images, targets, update: trainer.train_batch(
-            images, targets, optimizer_step=update
-        )
-    for name in ("step_fn", "train_step", "run_step", "step"):
+        return None
+    for name in ("step", "train_step", "step_fn"):
         step = _find(trainer, name)
-        if step is not None and callable(step) and not isinstance(step, nn.Module):
-            return lambda images, targets, update: step(images, targets, optimizer_step=update)
+        if callable(step) and not isinstance(step, nn.Module):
+            return step
     raise TypeError(
         "check_graphs: found neither Trainer.train_batch nor a step object on the trainer; "
         "teach Arm (tools/check_graphs.py, 'The trainer's API') the new step API"
     )
+
+
+def _step_callable(trainer: Any):
+    """``fn(images, targets, update) -> loss or (loss, parts)``, whichever API is there."""
+    import inspect
+
+    step = _step_object(trainer)
+    if step is None:
+        return lambda images, targets, update: trainer.train_batch(
+            images, targets, optimizer_step=update
+        )
+    keyword = "update" if "update" in inspect.signature(step).parameters else "optimizer_step"
+    return lambda images, targets, update: step(images, targets, **{keyword: update})
 
 
 class Arm:
@@ -117,11 +143,10 @@ class Arm:
 
     def __init__(self, keys: dict) -> None:
         from falconet.plugins import get_plugins
-        from falconet.training.setup import plan_run
         from falconet.training.trainer import Trainer
 
         plugins = get_plugins()
-        self.trainer = Trainer(plan_run(keys, plugins), plugins)
+        self.trainer = Trainer(_plan_run()(keys, plugins), plugins)
         self._step = _step_callable(self.trainer)
         self._targets = _targets_type()
 
@@ -165,19 +190,23 @@ class Arm:
         return str(_find(self.trainer, "graph"))
 
     def capture_stats(self) -> dict:
-        """What the backend counted (recorded, replayed, eager batches; its failure), best
-        effort, by owner: the step runner's (whole-step) and the network's (cuda-graph)
-        ``counts`` and ``failed``, or a typed statistics object's fields."""
+        """What the backend counted (recorded, replayed, eager batches; its failure), by
+        owner: the step object's ``stats()`` (after); the step runner's (whole-step) and the
+        network's (cuda-graph) ``counts`` and ``failed`` (before)."""
         import dataclasses
 
         out: dict = {}
-        for name in ("step_runner", "network", "capture_stats", "stats"):
+        step = _step_object(self.trainer)
+        stats = getattr(step, "stats", None)
+        if callable(stats):
+            found = stats()
+            if dataclasses.is_dataclass(found):
+                found = dataclasses.asdict(found)
+            out["step"] = {k: v for k, v in dict(found).items() if _plain(v)}
+            return out
+        for name in ("step_runner", "network"):
             owner = _find(self.trainer, name)
-            if owner is None:
-                continue
             found: dict = {}
-            if dataclasses.is_dataclass(owner) and not isinstance(owner, type):
-                found |= {k: v for k, v in dataclasses.asdict(owner).items() if _plain(v)}
             counts = getattr(owner, "counts", None)
             if isinstance(counts, dict):
                 found |= {k: v for k, v in counts.items() if _plain(v)}
