@@ -80,7 +80,7 @@ class TestYoloFamilyContract(FamilyContract):
 def test_upsampling_keeps_the_input_dtype_and_values(dtype):
     """The neck's upsampling copies values in the input's dtype under autocast (CUDA's autocast
     runs ``upsample_nearest2d`` in float32, which made the neck's concatenations float32 there;
-    tools/bench_blocks.py measures it on the GPU)."""
+    what that cost on the GPU is in docs/lab/2026-12-kernel-cost.md, the tries table)."""
     from falconet_detect.blocks import Upsample2x
 
     x = torch.randn(2, 8, 5, 7).to(dtype).contiguous(memory_format=torch.channels_last)
@@ -252,9 +252,9 @@ def _traced_ops(model: nn.Module, images: torch.Tensor) -> list[str]:
 
 def test_a_compiled_network_is_traced_in_the_forms_before_the_copy_placements():
     """The copies placed for PyTorch's own kernels are left out when Inductor writes the
-    kernels (on the H200 the contiguous pools made Inductor's fused step 1.3 ms slower):
-    under torch.compile the network traces op for op as the old forms do, and eager it keeps
-    the placements (the op lists differ)."""
+    kernels (the contiguous pools made Inductor's fused step slower;
+    docs/lab/2026-12-kernel-cost.md, the tries table): under torch.compile the network traces
+    op for op as the old forms do, and eager it keeps the placements (the op lists differ)."""
     torch.manual_seed(0)
     net = YoloFamily().build_model("yolo-n", num_classes=5).train()
     net = net.to(memory_format=torch.channels_last)

@@ -14,7 +14,7 @@ statistics and a momentum and the input is a dense channels-last (or NCHW with o
 tensor on the GPU; anything else (evaluation too) runs as the family wrote it. The op writes
 each part of a :class:`falconet.ops.ChannelConcat` (C2f's) into its channels of one buffer,
 a residual added in the same kernel, and :func:`falconet.ops.concat_channels` is then the
-buffer, with no copy (docs/performance.md, "Kept: C2f's parts written in place").
+buffer, with no copy (docs/lab/2026-12-kernel-cost.md, "Kept: C2f's parts written in place").
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ class Tiling:
     ``merge_elements``, ``merge_channels``: the merge kernels' tile, and the most channels
     one merge program takes. A merge runs one program per block of channels and waits on
     its loads, so narrower blocks give it more programs; each takes the partial results of
-    ``merge_elements // its channels`` programs at a time (at 8,192 elements and 4 warps
-    the merge kernels spill registers: ``tools/bn_silu_registers.py``; at 4,096 they do
-    not)."""
+    ``merge_elements // its channels`` programs at a time (too large a tile makes the merge
+    kernels spill registers: ``tools/bn_silu_registers.py`` says which tilings do, without a
+    GPU)."""
 
     # the defaults are the best of tools/bench_bn_silu.py --sweep for yolo-n (docs/lab/)
     map_elements: int = 2048

@@ -3,11 +3,11 @@
 In a backward each convolution computes two gradients: its input's, which every layer before it
 waits for, and its weight's, which nothing in the backward reads (only the update does). One
 stream runs them in turn. Captured from two streams they become two branches of the CUDA
-graph, and the GPU runs a weight gradient beside the input gradients that follow it: at batch
-16 these kernels are small and leave most of the H200's SMs idle (``tools/
-bench_wgrad_overlap.py``: 1.86 of a 10.3 ms fp16 training pass are weight gradients). The
-kernels are the same ones (cuDNN's, one call per gradient, as autograd makes them when only
-one is needed), so the numbers are the same bit for bit (``tools/check_graphs.py`` compares
+graph, and the GPU runs a weight gradient beside the input gradients that follow it: at small
+batches these kernels are small and leave most of the GPU's SMs idle (their share of a
+training pass, measured, is in docs/lab/2026-12-kernel-cost.md, ``wgrad_stream``). The kernels
+are the same ones (cuDNN's, one call per gradient, as autograd makes them when only one is
+needed), so the numbers are the same bit for bit (``tools/check_graphs.py`` compares
 whole-step with eager on the GPU).
 
 :class:`SideWeightGrads` is a function mode entered around the forward. Each ``conv2d`` whose

@@ -204,10 +204,9 @@ class StaticStep:
         if fuse != "none":
             log.warning(
                 "fuse=%s: the captured step runs Inductor's kernels, which are not bit for bit "
-                "eager; on the overfit check (docs/performance.md, fuse=inductor-all) they "
-                "kept the mAP in fp16 over five seeds and trained to about 0.026 lower "
-                "mAP50-95 in bf16 over three; this run is %s: check your accuracy before "
-                "keeping it",
+                "eager, and their accuracy depends on the precision; this run is %s: check "
+                "your accuracy with the overfit check before keeping it (docs/performance.md, "
+                "'How a lever is checked')",
                 fuse,
                 parts.precision.name,
             )
@@ -248,8 +247,8 @@ class StaticStep:
         The update graph reads and writes the optimizer's state, so nothing can be recorded
         before that state exists; torch makes it on the optimizer's first step. With fp16 that
         first step waits for the gradient scaler's first taken update (the first ones overflow
-        while the scale comes down: about 30 batches at batch 16), and with gradient
-        accumulation it comes after ``accumulate`` batches, all of them eager until then.
+        while the scale comes down from its start), and with gradient accumulation it comes
+        after ``accumulate`` batches, all of them eager until then.
 
         SGD makes a buffer as a copy of the gradient; a zero buffer gives the same numbers:
         torch's step with a buffer is ``b = momentum x b + (1 - dampening) x g``, and with
@@ -430,9 +429,10 @@ class StaticStep:
     def _ema(self) -> None:
         """``ModelEMA.update``: its ``lerp`` by the EMA weight, which is a device tensor here.
         ``_foreach_lerp_`` takes no single tensor weight, and a list of the 0-dim tensor made
-        it one kernel per tensor (docs/performance.md, the update); the weight
-        copied into a buffer shaped like the EMA's tensors (one kernel) lets the lerp run as
-        a few multi-tensor kernels, with the same formula and the same float32 weight."""
+        it one kernel per tensor (docs/lab/2026-11-step-time.md, "The update and the weights'
+        casts"); the weight copied into a buffer shaped like the EMA's tensors (one kernel)
+        lets the lerp run as a few multi-tensor kernels, with the same formula and the same
+        float32 weight."""
         floats, others = self.ema_tensors()
         if floats[0]:
             if self.ema_weights is None:

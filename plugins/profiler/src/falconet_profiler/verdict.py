@@ -40,18 +40,18 @@ THRESHOLDS: dict[str, float] = {
 ``gpu_busy``; ``short_kernel_us`` and ``tensor_core_share`` only shape the evidence and levers."""
 
 FUSED_STEP = (
-    "with fuse=inductor-loss and bn_silu=triton the fp16 whole step of yolo-n at batch 16 on an "
-    "H200 took 7.7-7.9 ms against 10.2-10.4 exact, and kept the mAP on the overfit check of "
-    "docs/performance.md (four seeds: 0.486 against 0.487 mean mAP50-95); not bit for bit"
+    "fuse=inductor-loss with bn_silu=triton is the fastest whole step that kept the mAP on the "
+    "fp16 overfit check; not bit for bit: check the mAP of your own run with the overfit check "
+    "(docs/performance.md, 'Keys of graph=whole-step')"
 )
-"""What the fastest step that kept the mAP did (the fused levers' reason quotes it; the
-numbers are docs/performance.md's). ``fuse=inductor-all``, which compiles the network too,
-is not suggested: slower (9.2 ms), and in bf16 about 0.026 lower mAP50-95."""
+"""What the fastest step that kept the mAP is (the fused levers' reason quotes it; what it
+measured is in docs/performance.md and the lab log it links). ``fuse=inductor-all``, which
+compiles the network too, is not suggested: it is slower than these two, and it lowered the
+mAP on the bf16 overfit check."""
 
 BF16_CHECKED = (
-    "; in bf16 (this run) the two together were checked over three seeds twice (0.491 and "
-    "0.485 against bf16 eager's 0.498 mean mAP50-95; one seed below eager's lowest), neither "
-    "alone: check the mAP of a bf16 run"
+    "; in bf16 (this run) the two were checked together only, and the overfit check was not "
+    "conclusive: check the mAP of a bf16 run"
 )
 
 
@@ -176,8 +176,10 @@ def _fused_step_levers(c: Context) -> list[dict[str, Any]]:
     out = []
     if c.bn_silu != "triton":
         why = (
-            "BatchNorm and SiLU as one op on Triton kernels, fewer bytes moved (the fp16 step "
-            "10.2 to 9.8 ms, bf16 11.5 to 9.8); " + FUSED_STEP + caveat
+            "BatchNorm and SiLU as one op on Triton kernels, fewer bytes moved (most with "
+            "bf16, where PyTorch runs its own BatchNorm kernels instead of cuDNN's); "
+            + FUSED_STEP
+            + caveat
         )
         out.append(_lever("bn_silu", "triton", why))
     if c.fuse == "none":
@@ -252,10 +254,9 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
             if c.precision == "bf16" and "fp16" in c.precisions:
                 why = (
                     "BatchNorm runs on cuDNN in fp16 and on slower native kernels in bf16 "
-                    "(yolo-n's BatchNorms on an H200 at batch 16: 2.4 against 3.9 ms; "
-                    "whole-step 13.3 against 14.4 ms, at batch 64 34.1 against 40.8 ms, and "
-                    "the same mAP on the overfit check, docs/performance.md); fp16 adds a "
-                    "gradient scaler, which graph=whole-step carries with SGD only"
+                    "(tools/bench_batchnorm.py times the two; the overfit check trained fp16 to "
+                    "the same mAP: docs/performance.md, 'amp_dtype'); fp16 adds a gradient "
+                    "scaler, which graph=whole-step carries with SGD only"
                 )
                 out.append(_lever("amp_dtype", "fp16", why))
             if c.graph == "whole-step" and c.device == "cuda":

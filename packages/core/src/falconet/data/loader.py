@@ -318,13 +318,14 @@ def stop_workers(loader: torch.utils.data.DataLoader) -> None:
     """Stop a loader's persistent workers now, while the run can still wait for them.
 
     Left alone, they stop when their iterator is collected or at the interpreter's exit, and
-    both were seen to take 5 s per worker: PyTorch 2.11 (the GPU machine's) joins each
-    pinned-memory worker at exit with a 5 s timeout before telling it to stop
+    both were seen to wait out a timeout per worker: PyTorch 2.11 (the GPU machine's) joins
+    each pinned-memory worker at exit with a timeout before telling it to stop
     (pytorch/pytorch#81794), and once a garbage collection of a dropped trainer waited as long
-    inside the iterator's own shutdown (cause not found). With 8 workers that was 40 s after
-    the last epoch (``tools/bench_startup.py``, docs/performance.md). Stopped here, while
-    the run still holds the loader, they exit at once; the loader stays usable (its next
-    ``iter`` starts new workers).
+    inside the iterator's own shutdown (cause not found). The wait grows with the workers and
+    comes after the last epoch (``tools/bench_startup.py`` measures it; the record is in
+    docs/lab/2026-11-end-to-end-and-accuracy.md, "A short run from start to exit"). Stopped
+    here, while the run still holds the loader, they exit at once; the loader stays usable
+    (its next ``iter`` starts new workers).
     """
     iterator = getattr(loader, "_iterator", None)  # where DataLoader keeps persistent workers
     if iterator is None:

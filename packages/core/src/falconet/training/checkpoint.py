@@ -11,10 +11,11 @@ the old file or the new one, never a torn one.
 
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
 at the epoch's end (so the next epoch's updates cannot reach the file) and serialised and
-fsynced on a background thread while the next epoch trains. Written in place, yolo-n's two
-files (61 MB with the optimizer state, two fsyncs) held the training thread 0.20 s on the
-H200 machine, where whole-step trains 512 images at batch 16 in about 0.4 s; the snapshot
-takes 12-25 ms of it (two calls; tools/bench_checkpoint.py, docs/performance.md).
+fsynced on a background thread while the next epoch trains: written in place, the two files
+(the optimizer state included, two fsyncs) held the training thread for a sizeable share of a
+short epoch, and the training thread now waits only for the snapshot
+(``tools/bench_checkpoint.py`` measures both; the record is in
+docs/lab/2026-11-end-to-end-and-accuracy.md).
 """
 
 from __future__ import annotations
