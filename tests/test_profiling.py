@@ -70,11 +70,6 @@ def test_profile_needs_the_plugin(keys, falconet_plugins, add_falconet_plugin):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: check_keys names a plugin key's distribution from known_plugins only "
-    "and says 'not installed' for one installed but disabled (FALCONET_DISABLE_PLUGINS)",
-)
 def test_profile_with_the_plugin_disabled_says_so(keys):
     disabled = Plugins(env={"FALCONET_DISABLE_PLUGINS": "falconet-profiler"}).load()
     with pytest.raises(ConfigError, match="falconet-profiler is installed but disabled"):

@@ -491,7 +491,7 @@ def test_make_state_gives_adamw_the_state_torch_makes(keys, installed_falconet_p
 def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
     """The static gradients share one flat buffer (one ``where`` neutralises an overflowed
     step, one ``zero_`` clears them) and keep each parameter's shape and strides."""
-    from falconet_graphs_cuda.static_step import packed_like
+    from falconet_graphs_cuda.static_update import packed_like
 
     conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
     params = [conv.weight, conv.bias, torch.nn.Parameter(torch.randn(5, 4))]

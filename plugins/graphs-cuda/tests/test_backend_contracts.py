@@ -8,13 +8,15 @@ that replays the static step's functions eagerly on the same static buffers
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
-from falconet_testing.contracts import GraphBackendContract
 
 from falconet_graphs_cuda.backend import CudaGraphBackend, WholeStepBackend
 from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda.recording import EagerStepRecorder
 from falconet_graphs_cuda.whole_step import WholeStep
+from falconet_testing.contracts import GraphBackendContract
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -27,7 +29,7 @@ class TestCudaGraphContract(GraphBackendContract):
 class TestWholeStepContract(GraphBackendContract):
     backend = WholeStepBackend()
     device = DEVICE
-    options = {"optimizer": "sgd", "momentum": 0.937}
+    options: ClassVar[dict] = {"optimizer": "sgd", "momentum": 0.937}
 
     def build_step(self, parts, context):
         if DEVICE == "cuda":
@@ -41,7 +43,12 @@ class TestWholeStepContract(GraphBackendContract):
     def test_the_contract_run_is_replayed(self):
         """The contract's batches repeat one key, so most of them are replays, not the
         eager fallback: the comparison above is of the recorded step."""
-        from falconet_testing.contracts.graph_backend import BATCHES, sample_batches, sample_parts, train_batches
+        from falconet_testing.contracts.graph_backend import (
+            BATCHES,
+            sample_batches,
+            sample_parts,
+            train_batches,
+        )
 
         parts = sample_parts(DEVICE)
         step = self.build_step(parts, self.context(parts))

@@ -30,7 +30,7 @@ pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
 
 from falconet_graphs_cuda import bn_silu
 from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU, Tiling
-from falconet_graphs_cuda.static_step import fused_bn_silu
+from falconet_graphs_cuda.step_modes import fused_bn_silu
 
 MOMENTUM, EPS = 0.03, 1e-3
 NAMES = ("z", "dx", "dw", "db", "running mean", "running var")  # what _run returns

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda import side_weight_grads
+from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
-from falconet_graphs_cuda.static_step import side_stream_applies
+from falconet_graphs_cuda.step_modes import side_stream_applies
 
 
 class Shared(nn.Module):

@@ -304,18 +304,25 @@ class Plugins:
                 f"{DISABLE_ENV}={record.name})"
             ) from exc
 
-    def _missing_hint(self, registry: Registry[Any], name: str) -> str | None:
-        """Install, broken or disabled hint for a name nothing registered."""
-        provider = known_provider(registry.kind, name)
+    def why_not_loaded(self, distribution: str) -> str | None:
+        """Why an installed ``distribution`` registered nothing (broken or disabled), or
+        ``None`` when it loaded or is not installed."""
         for record in self.records:
-            if provider and _normalise(record.distribution) == provider:
+            if _normalise(record.distribution) == distribution:
                 if record.status == "broken" and record.failure:
                     return (
-                        f"{provider} is installed but failed to load: "
+                        f"{distribution} is installed but failed to load: "
                         f"{record.failure.summary}. See `falconet plugins list`."
                     )
                 if record.status == "disabled":
-                    return f"{provider} is installed but disabled by {DISABLE_ENV}."
+                    return f"{distribution} is installed but disabled by {DISABLE_ENV}."
+        return None
+
+    def _missing_hint(self, registry: Registry[Any], name: str) -> str | None:
+        """Install, broken or disabled hint for a name nothing registered."""
+        provider = known_provider(registry.kind, name)
+        if provider and (problem := self.why_not_loaded(provider)):
+            return problem
         if provider:
             return f"{registry.key}={name} needs: pip install {provider}"
         if unloaded := [r for r in self.records if r.status != "ok"]:

@@ -40,106 +40,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
+from falconet_graphs_cuda.static_update import Group, adamw_update, packed_like, sgd_update
+from falconet_graphs_cuda.step_modes import COMPILED_NETWORK, fused_bn_silu, side_stream_applies
 
 if TYPE_CHECKING:
     from falconet.training.step import StepParts
     from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 log = logging.getLogger("falconet.train")
-
-
-@dataclass
-class Group:
-    """One optimizer parameter group: indices into the step's parameters, its constants and
-    the device tensors its update reads.
-
-    SGD: ``b`` is the momentum, ``c`` minus the learning rate. AdamW: ``a`` is ``1 - lr x
-    weight_decay`` (the decoupled decay), ``b`` is ``1 - beta1``, ``c`` is the square root of
-    the second moment's bias correction and ``d`` is ``-lr / (first moment's bias
-    correction)``, all computed on the host from the step count the host keeps.
-    """
-
-    indices: list[int]
-    weight_decay: float
-    nesterov: bool
-    a: torch.Tensor
-    b: torch.Tensor
-    c: torch.Tensor
-    d: torch.Tensor
-
-
-def packed_like(
-    params: list[torch.Tensor], what: str = "the trained parameters"
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Zeroed buffers shaped and strided like ``params`` (channels_last stays channels_last),
-    as views of one flat tensor, so that one kernel can act on all of them."""
-    dtypes = {p.dtype for p in params}
-    dense = all(
-        p.is_contiguous() or p.is_contiguous(memory_format=torch.channels_last) for p in params
-    )
-    if len(dtypes) != 1 or not dense:
-        raise TypeError(
-            f"graph=whole-step needs {what} in one dtype and densely laid out "
-            f"(got {sorted(map(str, dtypes))}, dense: {dense}); keep the model in one float "
-            "dtype (precision comes from amp_dtype), or train with graph=cuda-graph"
-        )
-    flat = torch.zeros(
-        sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device
-    )
-    views, offset = [], 0
-    for p in params:
-        views.append(flat.as_strided(p.shape, p.stride(), offset))
-        offset += p.numel()
-    return flat, views
-
-
-COMPILED_NETWORK = ("inductor", "inductor-all")  # the fuse values that compile the network
-
-
-def side_stream_applies(cfg: GraphsCudaKeys, device: torch.device) -> bool:
-    """Whether the convolutions' weight gradients run on a second stream
-    (:mod:`falconet_graphs_cuda.side_weight_grads`): asked for (``wgrad_stream``), on CUDA, and
-    with the network not compiled. Inductor compiles a network around the custom op into
-    another fused step than the one whose accuracy was measured, and that one was not bit for
-    bit it and lower on the overfit check (docs/performance.md)."""
-    return bool(cfg.wgrad_stream) and device.type == "cuda" and cfg.fuse not in COMPILED_NETWORK
-
-
-def fused_bn_silu(cfg: GraphsCudaKeys, device: torch.device) -> FusedBatchNormSiLU | None:
-    """The function mode that runs BatchNorm and SiLU as one Triton op (``bn_silu=triton``,
-    :mod:`falconet_graphs_cuda.bn_silu`), or None for PyTorch's kernels."""
-    if cfg.bn_silu != "triton":
-        return None
-    if device.type != "cuda":
-        log.info("bn_silu=triton: Triton kernels need a CUDA device; BatchNorm runs as PyTorch's")
-        return None
-    if cfg.fuse in COMPILED_NETWORK:  # TorchDynamo traces the family's own forms, not the mode
-        raise ValueError(
-            f"bn_silu=triton with fuse={cfg.fuse}: Inductor compiles the network with its own "
-            "BatchNorm and SiLU kernels, and a compiled network does not take the fused op; "
-            "use bn_silu=triton with fuse=none or fuse=inductor-loss, or fuse alone"
-        )
-    try:
-        import triton  # noqa: F401  (the kernels' compiler; torch's CUDA builds carry it)
-    except ImportError as error:
-        raise RuntimeError(
-            "bn_silu=triton needs the triton package (pip install triton, the version your "
-            "torch build names), or train with bn_silu=native"
-        ) from error
-    log.warning(
-        "bn_silu=triton: BatchNorm and SiLU run as one Triton op, which agrees with PyTorch's "
-        "kernels to rounding, not bit for bit: check your accuracy before keeping it"
-    )
-    return FusedBatchNormSiLU()
 
 
 class StaticStep:
@@ -461,40 +376,17 @@ class StaticStep:
         return self.scaler.device_state(self.parts.device)
 
     def _sgd(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
-        """``torch.optim.SGD`` after its weight decay (:meth:`_step`): momentum (Nesterov or
-        not), step.
-
-        torch adds ``alpha x buffer`` with ``alpha`` a Python number, in one fused multiply-add
-        (one rounding). A device-tensor ``alpha`` has no such overload, so the tensor is
-        broadcast to each parameter's shape (``ones x alpha`` is exact) and the step is
-        ``addcmul``, which rounds once as well: bit for bit torch's result."""
+        """``torch.optim.SGD`` after its weight decay (:meth:`_step`), :func:`sgd_update`."""
         buffers = [self.parts.optimizer.state[p]["momentum_buffer"] for p in params]
         ones = [self.ones[i] for i in group.indices]  # the weight decay is in grads (_step)
-        torch._foreach_mul_(buffers, group.b)
-        torch._foreach_add_(buffers, grads)
-        if group.nesterov:
-            steps = torch._foreach_addcmul(grads, buffers, torch._foreach_mul(ones, group.b))
-        else:
-            steps = buffers
-        torch._foreach_addcmul_(params, steps, torch._foreach_mul(ones, group.c))
+        sgd_update(group, params, grads, buffers, ones)
 
     def _adamw(self, group: Group, source: dict[str, Any], params: list, grads: list) -> None:
-        """``torch.optim.AdamW`` (no amsgrad): decoupled decay, moments, bias-corrected step.
-        ``beta2`` and ``eps`` are constants of the run (the schedule moves only ``beta1``)."""
+        """``torch.optim.AdamW`` (no amsgrad), :func:`adamw_update`."""
         state = self.parts.optimizer.state
         first = [state[p]["exp_avg"] for p in params]
         second = [state[p]["exp_avg_sq"] for p in params]
-        beta2, eps = source["betas"][1], source["eps"]
-        if group.weight_decay:
-            torch._foreach_mul_(params, group.a)
-        torch._foreach_lerp_(first, grads, [group.b] * len(first))
-        torch._foreach_mul_(second, beta2)
-        torch._foreach_addcmul_(second, grads, grads, 1 - beta2)
-        denominators = torch._foreach_sqrt(second)
-        torch._foreach_div_(denominators, group.c)
-        torch._foreach_add_(denominators, eps)
-        torch._foreach_div_(denominators, group.d)  # d < 0: the step's sign and size
-        torch._foreach_addcdiv_(params, first, denominators)
+        adamw_update(group, params, grads, first, second, source["betas"][1], source["eps"])
 
     def ema_tensors(self) -> tuple[tuple[list, list], tuple[list, list]]:
         """``(ema floats, model floats), (ema others, model others)``: the pairs the EMA

@@ -197,12 +197,19 @@ def key_owners(model: type[TrainConfig]) -> dict[str, str]:
 
 
 def check_keys(
-    keys: Mapping[str, Any], model: type[TrainConfig] = TrainConfig, where: str = "key"
+    keys: Mapping[str, Any],
+    model: type[TrainConfig] = TrainConfig,
+    where: str = "key",
+    plugins: Plugins | None = None,
 ) -> None:
-    """Refuse unknown keys, naming the closest known one, or the plugin that declares it."""
+    """Refuse unknown keys, naming the closest known one, or the plugin that declares it (and,
+    with ``plugins``, why that plugin did not load when it is installed)."""
     for key in keys:
         if key not in model.model_fields:
             provider = known_provider("train_keys", key)
+            problem = plugins.why_not_loaded(provider) if plugins and provider else None
+            if problem:
+                raise ConfigError(f"unknown {where} {key!r}: it is a key of {provider}; {problem}")
             if provider:
                 raise ConfigError(
                     f"unknown {where} {key!r}: it is a key of {provider}, which is not "

@@ -83,7 +83,7 @@ def plan_run(
         checkpoint), used when ``keys`` has no ``model``.
     :param base_weights: that checkpoint's content, when it was one.
     """
-    check_keys(keys, config_model(plugins))
+    check_keys(keys, config_model(plugins), plugins=plugins)
     resume = keys.get("resume")
     if resume not in (None, False) and str(resume).lower() not in ("false", "no", "0"):
         return _plan_resume(keys, plugins)
@@ -120,8 +120,8 @@ def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
 
 def callback_names(config: TrainConfig, plugins: Plugins) -> list[str]:
     """The registered callbacks a run adds: every one whose ``wanted(config)`` says so (the
-    core's loggers, a plugin's callback behind its own key), in registration order, then
-    those ``callbacks`` names."""
+    core's loggers, a plugin's callback behind its own key), in name order, then those
+    ``callbacks`` names."""
     names = [e.name for e in plugins.callbacks.entries() if e.item.wanted(config)]
     return names + [n for n in config.callbacks if n not in names]
 
