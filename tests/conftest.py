@@ -1,9 +1,10 @@
 """Cross-package fixtures: real installations of fixture plugins, kept aside.
 
-``tests/fixtures/broken-plugin`` (and ``priority-plugin``) is built into a wheel with hatchling and unpacked into a
-temporary site folder (what an installer does with a pure-Python wheel), so its entry points are
-discovered by ``importlib.metadata`` exactly as an installed distribution's are, but only by the
-tests that put that folder on their path; the development environment stays clean. And
+``tests/fixtures/broken-plugin`` and ``priority-plugin`` are each built into a wheel with
+hatchling and unpacked into a temporary site folder (what an installer does with a pure-Python
+wheel), so their entry points are discovered by ``importlib.metadata`` exactly as an installed
+distribution's are, but only by the tests that put that folder on their path; the development
+environment stays clean. And
 ``load_tool``: a script of ``tools/`` imported by its path, for the tests of its logic.
 """
 

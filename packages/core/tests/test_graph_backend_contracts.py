@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from falconet_testing.contracts import GraphBackendContract
-
 from falconet.graph_backends.compile import CompileBackend
 from falconet.graph_backends.eager import EagerBackend
+from falconet_testing.contracts import GraphBackendContract
 
 
 class TestEagerContract(GraphBackendContract):
