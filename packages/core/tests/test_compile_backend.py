@@ -165,3 +165,13 @@ def test_own_grads_copies_a_gradient_once_per_accumulation():
     assert own_grads([w], owned) == owned and w.grad is copy  # accumulated in place: kept
     w.grad = None  # zero_grad(set_to_none=True)
     assert own_grads([w], owned) == set()
+
+
+def test_compile_declines_under_ddp():
+    """The compiled module would call the model, not DDP's wrapper, and skip the all-reduce."""
+    reason = CompileBackend().decline_reason(
+        GraphContext(
+            torch.device("cpu"), "fp32", world_size=2, capture_region=torch.nn.Linear(1, 1)
+        )
+    )
+    assert reason is not None and "DDP" in reason

@@ -177,3 +177,26 @@ def _layout(x: torch.Tensor) -> torch.memory_format:
     if x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format
+
+
+def rank_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over the ranks of a distributed run (``x`` itself in one process), with no
+    gradient: for a loss's normaliser that depends on the batch's content (a count of
+    positives, a sum of soft targets), so that each rank divides by the global batch's value
+    (:mod:`falconet.training.distributed`)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return x
+    total = x.detach().clone()
+    dist.all_reduce(total)
+    return total
+
+
+def world_size() -> int:
+    """The number of ranks training together (1 outside a distributed run)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1

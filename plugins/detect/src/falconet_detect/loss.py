@@ -3,8 +3,10 @@
 Static-shaped and free of host synchronisation: the assigner's foreground mask multiplies the
 per-anchor losses (no boolean indexing), the normaliser (the sum of soft targets, at least 1)
 stays on the device, and no Python branch looks at the data. Each part is a mean per unit of
-target score on this process's batch, so the loss does not depend on the world size:
-averaging gradients across processes is DDP's job, not the loss's.
+target score over the global batch: in a distributed run the normaliser is summed over the
+ranks (:func:`falconet.ops.rank_sum`) and each rank divides by its share of it, so that DDP's
+average of the ranks' gradients is the gradient of the single-process loss at the same global
+batch; the loss is never multiplied by the world size.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from falconet import ops
 from falconet.data.targets import Targets
 from falconet.interfaces import Assigner, Predictions
 from falconet_detect.boxes import ciou, decode, encode
@@ -62,7 +65,10 @@ class YoloLoss:
             cls_logits.detach().sigmoid(), pred_boxes.detach(), anchors, strides
         )
         target = self.assigner(predictions, targets)
-        norm = target.scores.sum().clamp(min=1.0)
+        # the global batch's normaliser, its share per rank: DDP averages the ranks' gradients
+        norm = ops.rank_sum(target.scores.sum()).clamp(min=1.0)
+        if (ranks := ops.world_size()) > 1:
+            norm = norm / ranks
         cls = F.binary_cross_entropy_with_logits(cls_logits, target.scores, reduction="sum") / norm
         weight = target.scores.sum(-1) * target.foreground  # [B, A]
         box = ((1.0 - ciou(pred_boxes, target.boxes)) * weight).sum() / norm

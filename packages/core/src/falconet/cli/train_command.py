@@ -90,7 +90,10 @@ def train(keys: tuple[str, ...]) -> None:
         return detector.train(**values)
 
     summary = _run(action)
-    click.echo(_summary_table(summary))
+    from falconet.training.distributed import world_from_env
+
+    if world_from_env().main:  # one summary for a distributed run, rank 0's
+        click.echo(_summary_table(summary))
 
 
 def _summary_table(summary: dict[str, Any]) -> str:

@@ -63,6 +63,8 @@ class CompileBackend:
         mode = context.keys(CompileKeys).compile_mode
         if context.capture_region is None:
             return "the model family declares no capture region to compile"
+        if context.world_size > 1:  # the compiled module would bypass DDP's wrapper
+            return "compiling under DDP is not built yet (docs/distributed.md)"
         if mode == "reduce-overhead" and context.device.type != "cuda":
             return "compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device"
         if context.device.type == "cpu" and not any(map(shutil.which, ("c++", "g++", "clang++"))):

@@ -25,7 +25,15 @@ from falconet.plugins import Plugins
 from falconet.training.backends import choose_graph, choose_precision
 from falconet.training.checkpoint import load_matching_weights
 from falconet.training.config import TrainConfig
-from falconet.training.devices import configure_determinism, resolve_device
+from falconet.training.devices import configure_determinism
+from falconet.training.distributed import (
+    World,
+    per_rank_batch,
+    rank_device,
+    replicate,
+    world_from_env,
+)
+from falconet.training.distributed import start as start_distributed
 from falconet.training.loaders import build_loaders
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
@@ -40,6 +48,7 @@ class Run:
     """Everything a run is made of (:func:`assemble`); the loop owns it."""
 
     config: TrainConfig
+    world: World
     family: ModelFamily
     spec: ModelSpec
     dataset: Dataset
@@ -68,13 +77,16 @@ class Run:
 def assemble(plan: Plan, plugins: Plugins) -> Run:
     """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
     cfg = plan.config
-    device = resolve_device(cfg.device)
+    world = world_from_env()
+    per_rank_batch(cfg.batch, world)  # before anything starts
+    device = rank_device(cfg.device, world)
+    start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
     precision = choose_precision(cfg.amp_dtype, device, plugins)
     model = build_network(plan, len(dataset.names), precision, device)
     loss = plan.family.build_loss(model, plugins.assigners.get(cfg.assigner))
-    train_loader, val_loader = build_loaders(cfg, dataset, device)
+    train_loader, val_loader = build_loaders(cfg, dataset, device, world)
     batches = train_loader.batch_sampler.batches_per_epoch
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
     optimizer = build_optimizer(model, cfg, accumulate)
@@ -93,10 +105,12 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         progress=Progress(),
         phases=Phases(),
         device=device,
+        network=replicate(model, device) if world.distributed else None,
     )
     context = GraphContext(
         device,
         precision.name,
+        world_size=world.size,
         capture_region=plan.family.capture_region(model),
         options=cfg.model_dump(),
         static_loss=plan.family.static_loss(cfg.assigner),
@@ -104,6 +118,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     graph, backend = choose_graph(cfg.graph, context, model, plugins)
     return Run(
         config=cfg,
+        world=world,
         family=plan.family,
         spec=ModelSpec(plan.family.name, plan.model_name, tuple(dataset.names)),
         dataset=dataset,

@@ -47,6 +47,12 @@ class TrainConfig(BaseModel):
     imgsz: int = Field(640, ge=32, description="square input size in pixels, a multiple of 32")
     device: str = Field("auto", description="auto, cpu, 0, cuda:0 (auto: the first GPU, else cpu)")
     workers: int = Field(8, ge=0, description="loader worker processes (capped at the CPU count)")
+    dist_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="distributed runs: seconds a collective waits for the other ranks before "
+        "the job fails (a dead rank ends the job instead of hanging it)",
+    )
     cache: Literal["none", "ram", "disk"] = Field(
         "none", description="decoded-image cache: none, ram or disk (in the cache folder)"
     )

@@ -10,6 +10,7 @@ from falconet.data.loader import DetectionDataset, build_loader
 from falconet.data.records import Dataset
 from falconet.data.transforms import AugmentConfig
 from falconet.training.config import TrainConfig
+from falconet.training.distributed import ONE_PROCESS, World, per_rank_batch
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:
@@ -30,9 +31,10 @@ def worker_count(requested: int) -> int:
 
 
 def build_loaders(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device
+    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
 ) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader | None]:
-    """The training loader (augmented, resumable sampler) and the validation loader."""
+    """The training loader (augmented, resumable sampler; in a distributed run this rank's
+    share of every global batch) and the validation loader (rank 0's only: it validates)."""
     train = dataset.splits["train"].samples
     if cfg.fraction < 1:
         train = train[: max(1, round(len(train) * cfg.fraction))]
@@ -48,9 +50,16 @@ def build_loaders(
         close_mosaic_from=close_from,
     )
     train_loader = build_loader(
-        train_set, cfg.batch, workers=workers, shuffle=True, seed=cfg.seed, pin_memory=pin
+        train_set,
+        per_rank_batch(cfg.batch, world),
+        workers=workers,
+        shuffle=True,
+        seed=cfg.seed,
+        rank=world.rank,
+        world_size=world.size,
+        pin_memory=pin,
     )
-    val_loader = build_val_loader(cfg, dataset, device) if cfg.val else None
+    val_loader = build_val_loader(cfg, dataset, device) if cfg.val and world.main else None
     return train_loader, val_loader
 
 

@@ -20,12 +20,14 @@ the nominal batch as the YOLO recipes' ``lr0`` assumes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from falconet.training.phases import Phases
 
@@ -70,6 +72,9 @@ class StepParts:
     :param progress: the run's epoch and update count, shared with the loop.
     :param phases: the phase timer shared with the loop (:mod:`falconet.training.phases`).
     :param device: the training device.
+    :param network: what the forward calls in place of ``model``: in a distributed run the
+        model's ``DistributedDataParallel`` wrapper, whose backward averages the gradients
+        over the ranks; ``None`` (the model itself) otherwise.
     """
 
     model: nn.Module
@@ -84,6 +89,7 @@ class StepParts:
     progress: Progress
     phases: Phases
     device: torch.device
+    network: nn.Module | None = None
 
     def set_rates(self) -> None:
         """Set the optimizer's learning rates and momenta for the next update."""
@@ -122,6 +128,8 @@ class CaptureStats:
 
 NO_CAPTURES = CaptureStats()
 
+_NO_SYNC_NEEDED = contextlib.nullcontext()
+
 
 @runtime_checkable
 class TrainStep(Protocol):
@@ -152,21 +160,26 @@ class EagerStep:
         stats: Callable[[], CaptureStats] | None = None,
     ) -> None:
         self.parts = parts
-        self.network = network if network is not None else parts.model
+        self.network = network if network is not None else parts.network or parts.model
         self._stats = stats
+        # DDP all-reduces in every backward unless told not to: a batch that does not update
+        # only accumulates, and the update's backward reduces the sum once
+        self._replicated = isinstance(self.network, DistributedDataParallel)
 
     def stats(self) -> CaptureStats:
         return self._stats() if self._stats is not None else NO_CAPTURES
 
     def __call__(self, images: torch.Tensor, targets: Targets, *, update: bool) -> StepOutput:
         p = self.parts
-        with p.phases("forward"), p.precision.autocast(p.device):
-            outputs = self.network(images)
-        with p.phases("loss"):
-            loss, parts = p.loss(outputs, targets)
-        with p.phases("backward"):
-            scaled = loss * p.loss_gain
-            (p.scaler.scale(scaled) if p.scaler else scaled).backward()
+        local = self.network.no_sync() if self._replicated and not update else _NO_SYNC_NEEDED
+        with local:
+            with p.phases("forward"), p.precision.autocast(p.device):
+                outputs = self.network(images)
+            with p.phases("loss"):
+                loss, parts = p.loss(outputs, targets)
+            with p.phases("backward"):
+                scaled = loss * p.loss_gain
+                (p.scaler.scale(scaled) if p.scaler else scaled).backward()
         if update:
             self.update()
         return StepOutput(loss, parts)

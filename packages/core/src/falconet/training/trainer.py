@@ -31,7 +31,7 @@ from falconet.data.loader import stop_workers
 from falconet.data.targets import Targets
 from falconet.evaluation.contract import EvalResult
 from falconet.plugins import Plugins
-from falconet.training import validation
+from falconet.training import distributed, validation
 from falconet.training.assembly import assemble, describe
 from falconet.training.callbacks import CallbackList
 from falconet.training.checkpoint import (
@@ -40,7 +40,7 @@ from falconet.training.checkpoint import (
     restore_rng_states,
     rng_states,
 )
-from falconet.training.config import format_value
+from falconet.training.config import ConfigError, format_value
 from falconet.training.planning import Plan
 from falconet.training.run_dir import new_run_dir
 from falconet.training.run_state import Installed, RunState
@@ -69,12 +69,16 @@ class Trainer:
         self.best_eval: EvalResult | None = None
         self.stop_reason = ""
         self._stop_after_batch = False  # request_stop: end the run after the current batch
-        self.callbacks = CallbackList(callbacks)
+        main = run.world.main  # rank 0 owns every side effect of a distributed run
+        if not main:
+            logging.getLogger("falconet").setLevel(logging.WARNING)
+        self.callbacks = CallbackList(callbacks if main else ())
         if plan.resume_state is not None:
             self.run_dir = plan.resume_path.resolve().parent.parent
             self._restore(plan.resume_state)
         else:
-            self.run_dir = new_run_dir(cfg.project, cfg.name, cfg.exist_ok).resolve()
+            made = str(new_run_dir(cfg.project, cfg.name, cfg.exist_ok).resolve()) if main else ""
+            self.run_dir = Path(distributed.share_path(made, run.device))
         self.weights_dir = self.run_dir / "weights"
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
@@ -97,7 +101,10 @@ class Trainer:
             _stats=run.step.stats,
             _stop=self.request_stop,
         )
-        (self.run_dir / "args.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        if main:
+            (self.run_dir / "args.yaml").write_text(
+                yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+            )
         pairs = " ".join(f"{k}={format_value(v)}" for k, v in cfg.model_dump().items())
         log.info("keys: %s", textwrap.fill(pairs, 100, subsequent_indent="      "))
         log.info("%s", describe(run, self.run_dir))
@@ -118,8 +125,10 @@ class Trainer:
                 row.update(self._validate_if_due())
                 self.progress.epoch = epoch + 1
                 self.callbacks.fire("on_epoch_end", self.state, row)
-                self._save()
-                if self.stop_reason:
+                if run.world.main:
+                    self._save()
+                if distributed.any_rank(bool(self.stop_reason), run.device):
+                    self.stop_reason = self.stop_reason or "rank 0 stopped the run"
                     break
             self.checkpoints.wait()  # on disk before anything reads them
             if self.stop_reason:
@@ -135,6 +144,7 @@ class Trainer:
             for loader in (run.train_loader, run.val_loader):
                 if loader is not None:
                     stop_workers(loader)  # now, not at interpreter exit (stop_workers)
+            distributed.stop()
         return self.summary()
 
     def request_stop(self, reason: str) -> None:
@@ -182,7 +192,10 @@ class Trainer:
             if (i + 1) % cfg.log_interval == 0 or i + 1 == batches_per_epoch:
                 self._read_log(names, sums, good, worst, images_seen, start)
             self.callbacks.fire("on_step_end", state)
-            if self._stop_after_batch and i + 1 < batches_per_epoch:
+            # in a distributed run a stop takes effect at the epoch's end, where every rank
+            # learns of it (any_rank in fit): one rank leaving mid-epoch would strand the rest
+            partial = self._stop_after_batch and i + 1 < batches_per_epoch
+            if partial and not run.world.distributed:
                 return None
         self._check_weights_finite()
         seconds = time.perf_counter() - start
@@ -316,6 +329,7 @@ class Trainer:
                 "optimizer": run.optimizer.state_dict(),
                 "scaler": run.scaler.state_dict() if run.scaler else None,
                 "step": self.progress.updates,
+                "world_size": run.world.size,
                 "bad_validations": self.bad_validations,
                 "rng": rng_states(),
             }
@@ -327,6 +341,13 @@ class Trainer:
 
     def _restore(self, state: dict[str, Any]) -> None:
         run = self.run
+        saved = state.get("world_size", 1)
+        if saved != run.world.size:
+            raise ConfigError(
+                f"resume: {self.run_dir} was trained by {saved} process(es) and this run has "
+                f"{run.world.size}; each rank's share of the batches and the saved random "
+                f"states depend on it, so resume with the same world size ({saved})"
+            )
         run.model.load_state_dict(state["model"])
         if run.ema is not None:
             run.ema.module.load_state_dict(state["ema"]["state"])

@@ -1,0 +1,175 @@
+"""Training on several processes with torch.distributed: the world, its batch, its collectives.
+
+A run is distributed when it is launched by ``torchrun`` (``RANK``, ``LOCAL_RANK`` and
+``WORLD_SIZE`` set): each process trains one shard of every global batch on its own device
+(``cuda:LOCAL_RANK``, or the CPU), the network wrapped in ``DistributedDataParallel``, which
+averages the gradients. The process group uses NCCL on CUDA devices and Gloo on the CPU, and
+every collective waits at most ``dist_timeout`` seconds, after which the process fails with
+the collective named, so a dead rank ends the job instead of hanging it.
+
+``batch`` is the global batch: each rank trains ``batch // world_size`` images of it (the
+sampler gives rank ``r`` every ``world_size``-th image of the epoch's permutation, so the
+ranks' ``k``-th batches together are the single-process run's ``k``-th batch). A family's
+loss normaliser that depends on the batch's content is summed over the ranks
+(:func:`falconet.ops.rank_sum`), so two ranks at batch 8 train the problem one rank trains
+at batch 16. Outside a distributed run every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from falconet.training.config import ConfigError
+
+log = logging.getLogger("falconet.train")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the run: ``rank`` of ``size``, ``local_rank`` on its node."""
+
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this process owns the run's side effects (run folder, logs, checkpoints)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+ONE_PROCESS = World()
+"""The world of a run that is not distributed."""
+
+
+def world_from_env(env: Mapping[str, str] | None = None) -> World:
+    """The world torchrun describes in ``env`` (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``); one
+    process when they are not set."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" not in env:
+        return ONE_PROCESS
+    try:
+        rank = int(env["RANK"])
+        world = World(rank, int(env.get("LOCAL_RANK", rank)), int(env["WORLD_SIZE"]))
+    except (KeyError, ValueError) as error:
+        raise ConfigError(
+            f"torchrun's environment is incomplete or not numbers ({error}): RANK, LOCAL_RANK "
+            "and WORLD_SIZE must all be set; launch with torchrun, or unset WORLD_SIZE"
+        ) from None
+    if not 0 <= world.rank < world.size:
+        raise ConfigError(f"RANK={world.rank} is not in 0..{world.size - 1} (WORLD_SIZE)")
+    return world
+
+
+def rank_device(spec: str, world: World) -> torch.device:
+    """This rank's device for ``device=spec``: in a distributed run ``auto`` is
+    ``cuda:LOCAL_RANK`` (the CPU without CUDA), a list ``0,1`` gives rank ``r`` its
+    ``LOCAL_RANK``-th entry, ``cpu`` is the CPU. One process takes ``spec`` as it is
+    (:func:`falconet.training.devices.resolve_device`); a list there needs a launcher."""
+    from falconet.training.devices import resolve_device
+
+    entries = [part.strip() for part in spec.split(",") if part.strip()]
+    if not world.distributed:
+        if len(entries) > 1:
+            raise ConfigError(
+                f"device={spec}: one process per GPU is launched by torchrun: torchrun "
+                f"--nproc-per-node {len(entries)} -m falconet train ... (docs/distributed.md); "
+                "launching it from device= alone is not built yet"
+            )
+        return resolve_device(spec)
+    if spec.strip().lower() == "auto":
+        spec = f"cuda:{world.local_rank}" if torch.cuda.is_available() else "cpu"
+    elif len(entries) > 1:
+        if len(entries) <= world.local_rank:
+            raise ConfigError(
+                f"device={spec} lists {len(entries)} devices for LOCAL_RANK {world.local_rank}"
+            )
+        spec = entries[world.local_rank]
+    elif spec.strip().lower() != "cpu" and world.size > 1:
+        raise ConfigError(
+            f"device={spec}: one device for {world.size} ranks; use device=auto (each rank "
+            "takes cuda:LOCAL_RANK), a list with one device per local rank, or device=cpu"
+        )
+    return resolve_device(spec)
+
+
+def per_rank_batch(batch: int, world: World) -> int:
+    """``batch // world.size``; a global batch that does not divide is refused, naming the
+    nearest values that do."""
+    if batch % world.size == 0:
+        return batch // world.size
+    below = batch - batch % world.size
+    above = below + world.size
+    nearest = [str(b) for b in (below, above) if b > 0]
+    raise ConfigError(
+        f"batch={batch} is the global batch and must divide by the world size "
+        f"({world.size} processes); use batch={' or batch='.join(nearest)}"
+    )
+
+
+def start(world: World, device: torch.device, timeout_s: float) -> None:
+    """Join the process group (NCCL on CUDA, Gloo on the CPU) with every collective bounded by
+    ``timeout_s``; nothing outside a distributed run."""
+    if not world.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        rank=world.rank,
+        world_size=world.size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    log.info("distributed: rank %d of %d, %s on %s", world.rank, world.size, backend, device)
+
+
+def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` wrapped in ``DistributedDataParallel``: its backward averages the gradients
+    over the ranks (the model's parameters stay the trained ones; the step calls the
+    wrapper)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def stop() -> None:
+    """Leave the process group (after the run, or when it failed)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    """Whether this process is in a process group of more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` is true on any rank (one all-reduce; ``flag`` itself outside a
+    distributed run): every rank takes the same decision, so none waits on a collective the
+    others skipped."""
+    if not active():
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def share_path(path: str, device: torch.device) -> str:
+    """Rank 0's ``path`` on every rank (the run folder rank 0 made)."""
+    if not active():
+        return path
+    box = [path]
+    dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+    return box[0]

@@ -1,0 +1,205 @@
+"""Distributed training on the CPU: two Gloo processes launched by torchrun train what one
+process trains at the same global batch, rank 0 owns the files, and the logic that decides the
+world, the devices and the per-rank batch.
+
+The two-process run is not bit for bit the one-process run: each rank's BatchNorm normalises
+over its own half of the batch (``sync_bn`` is not built), and DDP sums the ranks' gradients
+in another order than one backward sums the batch's. The test bounds the difference against
+how far the training moved the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from falconet.training.config import ConfigError
+from falconet.training.distributed import World, per_rank_batch, rank_device, world_from_env
+
+
+def test_the_world_comes_from_torchruns_environment():
+    assert world_from_env({}) == World(0, 0, 1)
+    world = world_from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
+    assert (world.rank, world.local_rank, world.size, world.main) == (3, 1, 4, False)
+    with pytest.raises(ConfigError, match="RANK, LOCAL_RANK and WORLD_SIZE"):
+        world_from_env({"WORLD_SIZE": "2"})
+    with pytest.raises(ConfigError, match=r"not in 0\.\.1"):
+        world_from_env({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_the_global_batch_must_divide_and_the_error_names_the_nearest_values():
+    assert per_rank_batch(16, World(0, 0, 2)) == 8
+    with pytest.raises(ConfigError, match=r"batch=15 .*\(2 processes\); use batch=14 or batch=16"):
+        per_rank_batch(15, World(0, 0, 2))
+    with pytest.raises(ConfigError, match=r"use batch=4$"):
+        per_rank_batch(3, World(0, 0, 4))
+
+
+def test_each_rank_takes_its_device():
+    assert rank_device("cpu", World(1, 1, 2)) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert rank_device("auto", World(1, 1, 2)) == torch.device("cpu")
+    with pytest.raises(ConfigError, match="torchrun --nproc-per-node 2"):
+        rank_device("0,1", World())
+    with pytest.raises(ConfigError, match="one device for 2 ranks"):
+        rank_device("0", World(0, 0, 2))
+
+
+def _train(args: list[str], keys: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pairs = [f"{k}={v}" for k, v in keys.items()]
+    return subprocess.run(
+        [sys.executable, *args, "-m", "falconet", "train", *pairs],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def _torchrun(port: int) -> list[str]:
+    return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+
+
+STEP_SCRIPT = """
+import sys
+
+import torch
+
+from falconet import ops
+from falconet.data.targets import Targets
+from falconet.training.config import TrainConfig
+from falconet.training.distributed import replicate, start, stop, world_from_env
+from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
+from falconet.training.phases import Phases
+from falconet.training.step import EagerStep, Progress, StepParts
+
+
+class FP32:
+    name = "fp32"
+
+    def autocast(self, device):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def loss(outputs, targets):
+    # a normaliser that depends on the batch's content, as the YOLO loss's does
+    weight = targets.counts.float()[:, None, None, None] + 1.0
+    norm = ops.rank_sum(weight.sum() * outputs[0].numel()).clamp(min=1.0)
+    if (ranks := ops.world_size()) > 1:
+        norm = norm / ranks
+    total = (outputs.pow(2) * weight).sum() / norm
+    return total, {"total": total.detach()}
+
+
+world = world_from_env()
+device = torch.device("cpu")
+start(world, device, 120)
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 2, 1)
+)
+cfg = TrainConfig(batch=8, nbs=16, warmup_epochs=0, lr0=0.05, clip_grad=0.0)
+parts = StepParts(
+    model=model,
+    loss=loss,
+    optimizer=build_optimizer(model, cfg, 2),
+    precision=FP32(),
+    scaler=None,
+    ema=ModelEMA(model, cfg.ema_decay, cfg.ema_tau),
+    clip_grad=0.0,
+    loss_gain=float(cfg.batch),  # the global batch, whatever the world size
+    schedule=Schedule(cfg, 4),
+    progress=Progress(),
+    phases=Phases(),
+    device=device,
+    network=replicate(model, device) if world.distributed else None,
+)
+step = EagerStep(parts)
+generator = torch.Generator().manual_seed(1)
+for i in range(8):
+    images = torch.rand(8, 3, 8, 8, generator=generator)
+    counts = torch.randint(0, 4, (8,), generator=generator)
+    share = slice(world.rank, None, world.size)  # the sampler's strided share
+    boxes, labels = torch.zeros(8, 4, 4)[share], torch.zeros(8, 4).long()[share]
+    targets = Targets.from_padded(boxes, labels, counts[share])
+    step(images[share], targets, update=(i + 1) % 2 == 0)
+if world.main:
+    torch.save({"model": model.state_dict(), "updates": parts.progress.updates}, sys.argv[1])
+stop()
+"""
+
+
+def _toy() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv2d(8, 2, 1)
+    )
+
+
+def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(tmp_path):
+    """Two Gloo ranks of 4 images (a loss whose normaliser depends on the batch, gradient
+    accumulation through DDP's no_sync) end where one process of 8 does, to float rounding:
+    DDP sums the ranks' gradients in another order than one backward sums the batch's."""
+    script = tmp_path / "steps.py"
+    script.write_text(STEP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launchers = {"one": [sys.executable], "two": [sys.executable, *_torchrun(29521)]}
+    for name, launcher in launchers.items():
+        done = subprocess.run(
+            [*launcher, str(script), str(tmp_path / f"{name}.pt")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = torch.load(tmp_path / "one.pt", weights_only=True)
+    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert one["updates"] == two["updates"] == 4
+    initial = _toy().state_dict()
+    for name, reference in one["model"].items():
+        assert not torch.equal(reference, initial[name])  # the optimizer really stepped
+        torch.testing.assert_close(two["model"][name], reference, rtol=1e-5, atol=1e-6)
+
+
+def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(tiny_run, tmp_path):
+    """The YOLO family under torchrun on the CPU: the same updates as one process at the same
+    global batch, one run folder and one summary (rank 0's). Its weights are not compared with
+    the one-process run's: each rank's BatchNorm normalises over its half of the batch, and
+    SyncBatchNorm needs a GPU, so the two runs train slightly different networks."""
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "2", "val": "false", "seed": "3"}
+    one = _train([], {**keys, "name": "one"}, tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(_torchrun(29517), {**keys, "name": "two"}, tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    project = Path(tiny_run["project"])
+    assert sorted(p.name for p in project.iterdir()) == ["one", "two"]
+    assert two.stdout.count("run folder:") == 1
+    made = sorted(p.name for p in (project / "two").iterdir())
+    assert made == sorted(p.name for p in (project / "one").iterdir())
+    a = torch.load(project / "one/weights/last.pt", weights_only=True)
+    b = torch.load(project / "two/weights/last.pt", weights_only=True)
+    assert (a["world_size"], b["world_size"]) == (1, 2)
+    assert a["step"] == b["step"] == 6  # 24 images, global batch 8, 2 epochs: 6 updates
+    assert all(torch.isfinite(t).all() for t in b["model"].values() if t.is_floating_point())
+
+
+def test_resume_with_another_world_size_is_refused(tiny_run, tmp_path):
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "1", "val": "false"}
+    two = _train(_torchrun(29519), {**keys, "name": "two"}, tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    last = Path(tiny_run["project"]) / "two/weights/last.pt"
+    again = _train([], {"resume": str(last)}, tmp_path)
+    assert again.returncode == 2
+    assert "trained by 2 process(es) and this run has 1" in again.stderr
