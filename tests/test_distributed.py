@@ -11,6 +11,7 @@ how far the training moved the weights.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,3 +204,66 @@ def test_resume_with_another_world_size_is_refused(tiny_run, tmp_path):
     again = _train([], {"resume": str(last)}, tmp_path)
     assert again.returncode == 2
     assert "trained by 2 process(es) and this run has 1" in again.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"RANK=")]
+    return int(ranks[0]) if ranks else None
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' processes in /proc")
+def test_a_killed_rank_ends_the_whole_job_quickly_naming_it(tiny_run, tmp_path):
+    """SIGKILL to rank 1 mid-run: torchrun ends the job (no hang), names the rank and its
+    signal, and no rank's process is left."""
+    import signal
+    import time
+
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "50", "val": "false"}
+    command = [sys.executable, *_torchrun(29523), "-m", "falconet", "train"]
+    launcher = subprocess.Popen(
+        [*command, *(f"{k}={v}" for k, v in keys.items())],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        csv = next(iter(Path(tiny_run["project"]).glob("*/results.csv")), None)
+        deadline = time.monotonic() + 300
+        while csv is None and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.5)  # an epoch done: both ranks are in the training loop
+            csv = next(iter(Path(tiny_run["project"]).glob("*/results.csv")), None)
+        assert csv is not None, "the run did not get through an epoch"
+        workers = _children(launcher.pid)
+        victim = next(pid for pid in workers if _rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+        assert time.monotonic() - killed < 60
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", stderr), stderr[-2000:]
+    assert re.search(r"exitcode\s*:\s*-9|SIGKILL", stderr), stderr[-2000:]
+    assert not [
+        pid for pid in workers if Path(f"/proc/{pid}").exists() and _rank_of(pid) is not None
+    ]
