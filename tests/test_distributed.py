@@ -267,3 +267,39 @@ def test_a_killed_rank_ends_the_whole_job_quickly_naming_it(tiny_run, tmp_path):
     assert not [
         pid for pid in workers if Path(f"/proc/{pid}").exists() and _rank_of(pid) is not None
     ]
+
+
+def test_a_device_list_is_a_list_of_distinct_gpus():
+    from falconet.training.launch import gpu_list
+
+    assert gpu_list("auto") is None and gpu_list("0") is None and gpu_list("cuda:1") is None
+    assert gpu_list("0,1") == [0, 1] and gpu_list("cuda:2, cuda:3") == [2, 3]
+    with pytest.raises(ConfigError, match="distinct GPU indices"):
+        gpu_list("0,0")
+    with pytest.raises(ConfigError, match="distinct GPU indices"):
+        gpu_list("cpu,cpu")
+
+
+def test_a_device_list_without_gpus_is_refused_before_anything_starts(tiny_run, tmp_path):
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("two GPUs are here: the launch itself is run by tools/ on the GPU machine")
+    from falconet import Detector
+
+    with pytest.raises(ConfigError, match=r"device=0,1: only \d CUDA device"):
+        Detector("yolo-n").train(**tiny_run, device="0,1", epochs=1)
+    assert not Path(tiny_run["project"]).exists()
+
+
+def test_the_launcher_runs_falconets_command_and_returns_rank_0s_summary(
+    tiny_run, tmp_path, monkeypatch
+):
+    """What device=0,1 does, on two CPU processes: torchrun runs `falconet train` with the
+    caller's keys (not the caller's script), and rank 0's summary comes back."""
+    from falconet.training.launch import launch
+
+    keys = {**tiny_run, "nbs": "8", "epochs": "1", "val": "true", "name": "launched"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    summary = launch(keys, None, processes=2)
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name == "launched" and (run_dir / "weights" / "best.pt").exists()
+    assert summary["epochs"] == 1 and "AP" in summary["metrics"]

@@ -39,17 +39,29 @@ class Detector:
     def train(self, **keys: Any) -> dict[str, Any]:
         """Train with the keys of ``falconet train --help``; returns the summary (run folder,
         best metrics, per-class AP). Afterwards this detector holds the best weights."""
+        from falconet.training.distributed import world_from_env
+        from falconet.training.launch import gpu_list, launch, write_summary
         from falconet.training.planning import build_callbacks, plan_run
         from falconet.training.trainer import Trainer
 
-        base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
-        plan = plan_run(keys, self.plugins, base_model=self.model_name, base_weights=base_weights)
-        trainer = Trainer(plan, self.plugins, build_callbacks(plan.config, self.plugins))
-        summary = trainer.fit()
+        world = world_from_env()
+        gpus = None if world.distributed else gpu_list(keys.get("device", "auto"))
+        if gpus:  # one process per GPU (training/launch.py); the caller waits for them
+            summary = launch({"model": self.source, **keys}, gpus)
+        else:
+            base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
+            plan = plan_run(
+                keys, self.plugins, base_model=self.model_name, base_weights=base_weights
+            )
+            trainer = Trainer(plan, self.plugins, build_callbacks(plan.config, self.plugins))
+            summary = trainer.fit()
+            if world.main:
+                write_summary(summary)
         best = Path(summary["run_dir"]) / "weights" / "best.pt"
         if best.exists():
             self.checkpoint = load_checkpoint(best)
-            self.family, self.model_name, self._module = plan.family, plan.model_name, None
+            self.model_name = self.checkpoint["spec"]["model"]
+            self.family, self._module = self.plugins.families.get(self.model_name), None
         return summary
 
     # ------------------------------------------------------------------- weights, devices

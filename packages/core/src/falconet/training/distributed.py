@@ -83,9 +83,9 @@ def rank_device(spec: str, world: World) -> torch.device:
     if not world.distributed:
         if len(entries) > 1:
             raise ConfigError(
-                f"device={spec}: one process per GPU is launched by torchrun: torchrun "
-                f"--nproc-per-node {len(entries)} -m falconet train ... (docs/distributed.md); "
-                "launching it from device= alone is not built yet"
+                f"device={spec}: a device list starts one process per GPU through "
+                f"Detector.train or `falconet train`, or launch them yourself: torchrun "
+                f"--nproc-per-node {len(entries)} -m falconet train ... (docs/distributed.md)"
             )
         return resolve_device(spec)
     if spec.strip().lower() == "auto":
