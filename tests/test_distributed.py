@@ -303,3 +303,54 @@ def test_the_launcher_runs_falconets_command_and_returns_rank_0s_summary(
     run_dir = Path(summary["run_dir"])
     assert run_dir.name == "launched" and (run_dir / "weights" / "best.pt").exists()
     assert summary["epochs"] == 1 and "AP" in summary["metrics"]
+
+
+def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path):
+    """torchrun's agent killed with SIGKILL mid-epoch takes its ranks with it; resumed with the
+    same world size, the run ends with every entry of last.pt equal to the uninterrupted
+    distributed run's (weights, EMA, optimizer, counters, RNG states)."""
+    import signal
+    import time
+
+    from falconet_testing.checkpoints import assert_same_tensors
+
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "3", "val": "false", "seed": "3"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(name: str, port: int) -> subprocess.Popen:
+        pairs = [f"{k}={v}" for k, v in {**keys, "name": name}.items()]
+        return subprocess.Popen(
+            [sys.executable, *_torchrun(port), "-m", "falconet", "train", *pairs],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    whole = start("whole", 29525)
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-3000:]
+    killed = start("killed", 29527)
+    last = Path(tiny_run["project"]) / "killed" / "weights" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not last.exists():
+        assert killed.poll() is None, killed.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)  # inside the next epoch
+    ranks = _children(killed.pid)
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and _rank_of(pid) is not None for pid in ranks):
+        assert time.monotonic() < deadline, "a rank outlived its launcher"
+        time.sleep(0.1)
+    at_kill = torch.load(last, weights_only=True)
+    assert at_kill["epoch"] < 3, "the run finished before it was killed"
+    resumed = _train(_torchrun(29529), {"resume": str(last)}, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = torch.load(Path(tiny_run["project"]) / "whole" / "weights" / "last.pt", weights_only=True)
+    b = torch.load(last, weights_only=True)
+    for part in a.keys() - {"config"}:
+        assert_same_tensors(a[part], b[part], part)
+    assert b["step"] == 9 > at_kill["step"] and b["world_size"] == 2

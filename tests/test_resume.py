@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from falconet.training.checkpoint import load_checkpoint
+from falconet_testing.checkpoints import assert_same_tensors
 
 EPOCHS = 3
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two runs share the machine's cores at once
@@ -36,22 +37,6 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> No
         assert process.poll() is None, process.stderr.read()
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.02)
-
-
-def _assert_same_tensors(a: object, b: object, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            _assert_same_tensors(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_same_tensors(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 def _metrics(run: Path) -> list[tuple[str, ...]]:
@@ -87,10 +72,10 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tiny_run, tmp_path, falc
     b = load_checkpoint(last)
     assert a.keys() == b.keys()
     for part in a.keys() - {"config"}:
-        _assert_same_tensors(a[part], b[part], part)
+        assert_same_tensors(a[part], b[part], part)
     # the keys the two runs were started with differ only in the run's name and the resume
     started = ("name", "resume")
-    _assert_same_tensors(
+    assert_same_tensors(
         {k: v for k, v in a["config"].items() if k not in started},
         {k: v for k, v in b["config"].items() if k not in started},
         "config",

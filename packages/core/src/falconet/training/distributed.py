@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -123,6 +124,7 @@ def start(world: World, device: torch.device, timeout_s: float) -> None:
     ``timeout_s``; nothing outside a distributed run."""
     if not world.distributed or dist.is_initialized():
         return
+    _end_with_launcher()
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -142,6 +144,22 @@ def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def _end_with_launcher() -> None:
+    """Ask Linux to kill this rank when its launcher dies (``PR_SET_PDEATHSIG``): torchrun's
+    agent killed with SIGKILL cannot stop its workers, which would otherwise train on and
+    write checkpoints behind the next run's back. Elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher was already gone
+        os._exit(1)
 
 
 def stop() -> None:
