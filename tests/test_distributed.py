@@ -354,3 +354,19 @@ def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path
     for part in a.keys() - {"config"}:
         assert_same_tensors(a[part], b[part], part)
     assert b["step"] == 9 > at_kill["step"] and b["world_size"] == 2
+
+
+def test_sync_bn_needs_gpus_and_small_per_rank_batches_are_warned_about(caplog):
+    from falconet.training.distributed import batch_norm_across_ranks
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    cpu, two = torch.device("cpu"), World(0, 0, 2)
+    assert batch_norm_across_ranks(net, True, 4, World(), cpu) is net  # one process: as is
+    with pytest.raises(ConfigError, match="sync_bn=true needs CUDA devices"):
+        batch_norm_across_ranks(net, True, 4, two, cpu)
+    with caplog.at_level("WARNING", logger="falconet.train"):
+        assert batch_norm_across_ranks(net, False, 8, two, cpu) is net
+    assert "over each rank's 8 images (batch 16 over 2 ranks)" in caplog.text
+    if torch.cuda.is_available():
+        synced = batch_norm_across_ranks(net, True, 8, two, torch.device("cuda"))
+        assert isinstance(synced[1], torch.nn.SyncBatchNorm)

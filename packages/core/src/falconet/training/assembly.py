@@ -28,6 +28,7 @@ from falconet.training.config import TrainConfig
 from falconet.training.devices import configure_determinism
 from falconet.training.distributed import (
     World,
+    batch_norm_across_ranks,
     per_rank_batch,
     rank_device,
     replicate,
@@ -85,6 +86,8 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     dataset = load_training_data(cfg)
     precision = choose_precision(cfg.amp_dtype, device, plugins)
     model = build_network(plan, len(dataset.names), precision, device)
+    per_rank = per_rank_batch(cfg.batch, world)
+    model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
     loss = plan.family.build_loss(model, plugins.assigners.get(cfg.assigner))
     train_loader, val_loader = build_loaders(cfg, dataset, device, world)
     batches = train_loader.batch_sampler.batches_per_epoch

@@ -47,6 +47,11 @@ class TrainConfig(BaseModel):
     imgsz: int = Field(640, ge=32, description="square input size in pixels, a multiple of 32")
     device: str = Field("auto", description="auto, cpu, 0, cuda:0 (auto: the first GPU, else cpu)")
     workers: int = Field(8, ge=0, description="loader worker processes (capped at the CPU count)")
+    sync_bn: bool = Field(
+        False,
+        description="distributed runs on GPUs: BatchNorm normalises over the global batch "
+        "(SyncBatchNorm) instead of each rank's share",
+    )
     dist_timeout: float = Field(
         600.0,
         gt=0,

@@ -136,6 +136,38 @@ def start(world: World, device: torch.device, timeout_s: float) -> None:
     log.info("distributed: rank %d of %d, %s on %s", world.rank, world.size, backend, device)
 
 
+SMALL_BATCH_NORM = 16
+"""Below this many images per rank, BatchNorm's statistics are noisy enough to warn about."""
+
+
+def batch_norm_across_ranks(
+    model: torch.nn.Module, sync: bool, per_rank: int, world: World, device: torch.device
+) -> torch.nn.Module:
+    """``model`` with its BatchNorms synchronised over the ranks (``sync_bn=true``, GPUs only:
+    SyncBatchNorm has no CPU kernels), or as it is, with a warning when each rank normalises
+    over fewer than :data:`SMALL_BATCH_NORM` images. Outside a distributed run: as it is."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not world.distributed or not norms:
+        return model
+    if sync:
+        if device.type != "cuda":
+            raise ConfigError(
+                "sync_bn=true needs CUDA devices (SyncBatchNorm has no CPU kernels); "
+                "train with sync_bn=false on the CPU"
+            )
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if per_rank < SMALL_BATCH_NORM and world.main:
+        log.warning(
+            "distributed: BatchNorm normalises over each rank's %d images (batch %d over %d "
+            "ranks); sync_bn=true normalises over the global batch, at one all-reduce per "
+            "BatchNorm",
+            per_rank,
+            per_rank * world.size,
+            world.size,
+        )
+    return model
+
+
 def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``model`` wrapped in ``DistributedDataParallel``: its backward averages the gradients
     over the ranks (the model's parameters stay the trained ones; the step calls the
