@@ -370,3 +370,44 @@ def test_sync_bn_needs_gpus_and_small_per_rank_batches_are_warned_about(caplog):
     if torch.cuda.is_available():
         synced = batch_norm_across_ranks(net, True, 8, two, torch.device("cuda"))
         assert isinstance(synced[1], torch.nn.SyncBatchNorm)
+
+
+def test_torchrun_elastic_restarts_resume_from_the_last_checkpoint(tiny_run, tmp_path):
+    """With --max-restarts 1, a rank killed mid-run makes torchrun restart the workers, which
+    resume from the run's last.pt (not from scratch) and end where an uninterrupted run ends."""
+    import signal
+    import time
+
+    from falconet_testing.checkpoints import assert_same_tensors
+
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "3", "val": "false", "seed": "3"}
+    whole = _train(_torchrun(29531), {**keys, "name": "whole"}, tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    pairs = [f"{k}={v}" for k, v in {**keys, "name": "elastic"}.items()]
+    command = [sys.executable, *_torchrun(29533), "--max-restarts", "1", "-m", "falconet"]
+    elastic = subprocess.Popen(
+        [*command, "train", *pairs],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = Path(tiny_run["project"]) / "elastic" / "weights" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not last.exists():
+        assert elastic.poll() is None, elastic.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)
+    victim = next(pid for pid in _children(elastic.pid) if _rank_of(pid) == 1)
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = elastic.communicate(timeout=600)
+    assert elastic.returncode == 0, stderr[-3000:]
+    assert "torchrun restarted the workers: resuming from" in stderr
+    project = Path(tiny_run["project"])
+    assert sorted(p.name for p in project.iterdir()) == ["elastic", "whole"]  # no new folder
+    a = torch.load(project / "whole" / "weights" / "last.pt", weights_only=True)
+    b = torch.load(last, weights_only=True)
+    for part in a.keys() - {"config"}:
+        assert_same_tensors(a[part], b[part], part)

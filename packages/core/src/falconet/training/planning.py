@@ -8,6 +8,8 @@ with the configuration saved in ``last.pt``; only keys that cannot change the nu
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from falconet.training.config import (
 from falconet.training.run_dir import latest_checkpoint
 
 RESUME_OVERRIDES = ("device", "workers", "resume")
+
+log = logging.getLogger("falconet.train")
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,10 @@ def plan_run(
     resume = keys.get("resume")
     if resume not in (None, False) and str(resume).lower() not in ("false", "no", "0"):
         return _plan_resume(keys, plugins)
+    if (restarted := elastic_restart(keys)) is not None:
+        log.warning("torchrun restarted the workers: resuming from %s", restarted)
+        kept = {k: keys[k] for k in ("device", "workers") if k in keys}
+        return _plan_resume({**kept, "resume": str(restarted)}, plugins)
     model = keys.get("model") or base_model or TrainConfig.model_fields["model"].default
     start = base_weights
     if str(model).endswith(".pt"):
@@ -103,6 +111,17 @@ def plan_run(
     config = build_config(model_keys, *layers)
     check_plugins(config, plugins)
     return Plan(config, family, model_name, start["weights"] if start else None)
+
+
+def elastic_restart(keys: Mapping[str, Any]) -> Path | None:
+    """After torchrun restarted failed workers (``TORCHELASTIC_RESTART_COUNT`` above 0), the
+    run's latest ``last.pt`` under ``project``, which the restarted workers resume from;
+    ``None`` on a first attempt, or when the first attempt saved nothing (it starts again)."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        return None
+    project = keys.get("project") or TrainConfig.model_fields["project"].default
+    found = sorted(Path(str(project)).glob("*/weights/last.pt"), key=os.path.getmtime)
+    return found[-1] if found else None
 
 
 def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
