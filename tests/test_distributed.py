@@ -10,6 +10,7 @@ how far the training moved the weights.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -411,3 +412,68 @@ def test_torchrun_elastic_restarts_resume_from_the_last_checkpoint(tiny_run, tmp
     b = torch.load(last, weights_only=True)
     for part in a.keys() - {"config"}:
         assert_same_tensors(a[part], b[part], part)
+
+
+GATHER_SCRIPT = """
+import json
+import sys
+
+import numpy as np
+import torch
+
+from falconet.evaluation.accumulator import DetectionAccumulator
+from falconet.training.distributed import ONE_PROCESS, start, stop, world_from_env
+from falconet.training.loaders import build_val_loader
+from falconet.training.planning import plan_run
+from falconet.training import validation
+from falconet.data.resolve import load_dataset
+from falconet.plugins import get_plugins
+
+world = world_from_env()
+start(world, torch.device("cpu"), 120)
+plan = plan_run({"data": sys.argv[2], "imgsz": "64", "batch": "2", "workers": "0"}, get_plugins())
+dataset = load_dataset(plan.config.data, splits=("val",))
+loader = build_val_loader(plan.config, dataset, torch.device("cpu"), world)
+accumulator = DetectionAccumulator(validation.category_ids(dataset))
+for batch in loader:  # stand-in detections near the truth, a function of the image alone
+    outputs = []
+    for j, image_id in enumerate(batch["image_ids"].tolist()):
+        g = torch.Generator().manual_seed(int(image_id))
+        n = int(batch["counts"][j])
+        boxes = batch["boxes"][j, :n] + torch.randn(n, 4, generator=g)
+        outputs.append({"boxes": boxes, "scores": torch.rand(n, generator=g),
+                        "labels": batch["labels"][j, :n]})
+    accumulator.add(batch["image_ids"].tolist(), validation.to_original_pixels(outputs, batch))
+truth = validation.ground_truth(dataset, dataset.splits["val"])
+result = validation.evaluate_split(accumulator, truth, backend="pycocotools", plugins=get_plugins())
+if world.main:
+    with open(sys.argv[1], "w") as handle:
+        json.dump({"stats": result.stats, "images": len(accumulator.images)}, handle)
+stop()
+"""
+
+
+def test_validation_shards_gather_to_the_single_process_metric(tmp_path):
+    """Each rank predicts its share of the val split (9 images over 2 ranks: one repeats to
+    even the shares); rank 0 merges every image once and scores the same stats as one process
+    over the whole split."""
+    from falconet.data.shapes import write_shapes
+
+    data = write_shapes(tmp_path / "shapes", {"train": 2, "val": 9}, size=64)
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name, launcher in {"one": [], "two": list(_torchrun(29535))}.items():
+        done = subprocess.run(
+            [sys.executable, *launcher, str(script), str(tmp_path / f"{name}.json"), str(data)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert one["images"] == 9 and two["images"] == 5  # rank 0's share: images 0, 2, 4, 6, 8
+    assert one["stats"] == two["stats"] and one["stats"]["AR100"] > 0

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -223,3 +224,14 @@ def share_path(path: str, device: torch.device) -> str:
     box = [path]
     dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
     return box[0]
+
+
+def gather_states(state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's ``state`` on rank 0 (in rank order), ``None`` on the others;
+    ``[state]`` outside a distributed run. For validation: each rank predicts its share of
+    the val split and rank 0 scores them all once."""
+    if not active():
+        return [state]
+    states: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(state, states, dst=0)
+    return states

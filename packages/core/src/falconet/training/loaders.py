@@ -34,7 +34,7 @@ def build_loaders(
     cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
 ) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader | None]:
     """The training loader (augmented, resumable sampler; in a distributed run this rank's
-    share of every global batch) and the validation loader (rank 0's only: it validates)."""
+    share of every global batch) and the validation loader (this rank's share of the split)."""
     train = dataset.splits["train"].samples
     if cfg.fraction < 1:
         train = train[: max(1, round(len(train) * cfg.fraction))]
@@ -59,19 +59,22 @@ def build_loaders(
         world_size=world.size,
         pin_memory=pin,
     )
-    val_loader = build_val_loader(cfg, dataset, device) if cfg.val and world.main else None
+    val_loader = build_val_loader(cfg, dataset, device, world) if cfg.val else None
     return train_loader, val_loader
 
 
 def build_val_loader(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device
+    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
 ) -> torch.utils.data.DataLoader:
-    """Letterboxed val images in order, twice the training batch per step."""
+    """Letterboxed val images in order, twice the training batch per step (per rank: each
+    rank predicts every ``world.size``-th image, and rank 0 scores them all)."""
     val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cfg.cache)
     return build_loader(
         val_set,
-        cfg.batch * 2,
+        per_rank_batch(cfg.batch, world) * 2,
         workers=worker_count(cfg.workers),
         shuffle=False,
+        rank=world.rank,
+        world_size=world.size,
         pin_memory=device.type == "cuda",
     )

@@ -248,6 +248,8 @@ class Trainer:
         if not self._validation_due():
             return dict.fromkeys(METRIC_COLUMNS, "")  # every row has the same columns
         result = self.validate()
+        if result is None:  # a rank other than 0: rank 0 scores and decides
+            return dict.fromkeys(METRIC_COLUMNS, "")
         score = validation.fitness(result, cfg.metric)
         if score > self.best + cfg.min_delta:
             self.best, self.best_epoch, self.bad_validations = score, self.progress.epoch + 1, 0
@@ -265,8 +267,10 @@ class Trainer:
         values = (result.stats["AP"], result.stats["AP50"], score)
         return {k: round(v, 5) for k, v in zip(METRIC_COLUMNS, values, strict=True)}
 
-    def validate(self) -> EvalResult:
-        """Evaluate the EMA weights (the model's, without EMA) on the val split."""
+    def validate(self) -> EvalResult | None:
+        """Evaluate the EMA weights (the model's, without EMA) on the val split (in a
+        distributed run each rank predicts its share and rank 0 scores them: ``None``
+        elsewhere)."""
         run, cfg = self.run, self.cfg
         module = self._weights_module()
         module.eval()
@@ -287,8 +291,9 @@ class Trainer:
             accumulator, truth, backend=cfg.eval_backend, plugins=self.plugins
         )
         run.model.train()
-        self.state.last_eval = result
-        self.callbacks.fire("on_val_end", self.state, result)
+        if result is not None:
+            self.state.last_eval = result
+            self.callbacks.fire("on_val_end", self.state, result)
         return result
 
     # ------------------------------------------------------------------------ checkpoints

@@ -19,6 +19,7 @@ from falconet.evaluation.contract import EvalResult, GroundTruth
 from falconet.evaluation.evaluate import evaluate
 from falconet.interfaces import ModelFamily
 from falconet.plugins import Plugins
+from falconet.training.distributed import gather_states
 
 
 def category_ids(dataset: Dataset) -> list[int]:
@@ -113,11 +114,18 @@ def evaluate_split(
     *,
     backend: str,
     plugins: Plugins,
-) -> EvalResult:
-    """COCO bbox evaluation of the accumulated detections (``backend="auto"``: the fastest)."""
+) -> EvalResult | None:
+    """COCO bbox evaluation of the accumulated detections (``backend="auto"``: the fastest).
+
+    In a distributed run each rank holds the detections of its share of the split: they are
+    gathered on rank 0, each image once (a share padded to equal length repeats images), and
+    scored there once; the other ranks get ``None``."""
+    states = gather_states(accumulator.state())
+    if states is None:
+        return None
     return evaluate(
         truth,
-        accumulator.detections(),
+        DetectionAccumulator.merge(states, accumulator.category_ids),
         backend=None if backend == "auto" else backend,
         plugins=plugins,
     )
