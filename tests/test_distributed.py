@@ -477,3 +477,17 @@ def test_validation_shards_gather_to_the_single_process_metric(tmp_path):
     two = json.loads((tmp_path / "two.json").read_text())
     assert one["images"] == 9 and two["images"] == 5  # rank 0's share: images 0, 2, 4, 6, 8
     assert one["stats"] == two["stats"] and one["stats"]["AR100"] > 0
+
+
+def test_the_profiler_under_torchrun_profiles_rank_0_and_never_hangs(tiny_run, tmp_path):
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "3", "val": "false"}
+    keys |= {"profile": "true", "profile_warmup": "0", "profile_steps": "2"}
+    keys |= {"profile_then_stop": "true"}
+    done = _train(_torchrun(29537), keys, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (profile,) = Path(tiny_run["project"]).glob("*/profile.json")
+    doc = json.loads(profile.read_text())
+    assert (doc["run"]["rank"], doc["run"]["world_size"]) == (0, 2)
+    assert "rank 0 of 2 profiled its own steps" in done.stderr
+    last = torch.load(profile.parent / "weights" / "last.pt", weights_only=True)
+    assert last["epoch"] == 1  # the stop took effect at the end of the window's epoch

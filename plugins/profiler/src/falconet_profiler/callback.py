@@ -27,8 +27,10 @@ window the same way, so the eager batches before its first recording are
 not timed as the backend's; batches it ran eagerly inside the window anyway are counted
 (``window.eager_batches``) and the report says so.
 
-Distributed runs: rank 0 profiles; the other ranks count the same batches without timing
-anything, so with ``profile_then_stop`` every rank stops after the same batch.
+Distributed runs: a run's callbacks run on rank 0 only, so rank 0 profiles its own steps
+(the report says which rank of how many) and waits on no other rank; with
+``profile_then_stop`` the run ends at the end of that epoch on every rank (a stop reaches
+the ranks at epoch ends, docs/distributed.md).
 """
 
 from __future__ import annotations

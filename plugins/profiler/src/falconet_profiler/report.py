@@ -189,6 +189,11 @@ def format_report(doc: Mapping[str, Any], folder: Path | None = None) -> str:
         f"{run['accumulate']}, {_device(run)}, "
         f"{run['precision']}, graph={run['graph']}"
     )
+    if run.get("world_size", 1) > 1:
+        lines.append(
+            f"  note: rank {run.get('rank', 0)} of {run['world_size']} profiled its own steps; "
+            "the other ranks were not timed"
+        )
     if window.get("graph_captures"):
         lines.append(
             f"  note: {window['graph_captures']} graph capture(s) in the synchronised half; "
