@@ -19,6 +19,8 @@
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-4 of 4, batch 16,
 #           ab_e2e_arms (fp16 whole-step by default)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
+#   ddp     tools/bench_ddp.py: end to end at world size 1 and ddp_gpus, ddp_batches per GPU,
+#           ddp_arms (graph=auto and graph=eager by default); ddp_args adds --kill, --overfit-epochs
 #   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
@@ -80,6 +82,12 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
       timeout "${startup_timeout:-300}" python bench_startup.py --data "$data/coco128.yaml" \
         --arms "${ab_startup_arms:-graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16}" \
         --epochs 3 --batch 16 --timeout "${startup_timeout:-300}" --out "$out" ;;
+    ddp)
+      # tools/bench_ddp.py: end to end at world size 1 and ddp_gpus (when the machine has them)
+      timeout "${ddp_timeout:-560}" python bench_ddp.py --data "$data" \
+        --gpus "${ddp_gpus:-2}" --batches "${ddp_batches:-16,64}" \
+        --arms "${ddp_arms:-graph=auto,graph=eager}" --epochs "${ddp_epochs:-5}" \
+        ${ddp_args:-} --out "$out" ;;
     *) echo "unknown job $name" >&2 ;;
   esac > "$log.out" 2> "$log.err"
   echo "$n $name $side: rc $? in $((SECONDS - start)) s"
