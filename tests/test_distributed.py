@@ -66,6 +66,27 @@ def _train(args: list[str], keys: dict[str, str], cwd: Path) -> subprocess.Compl
     )
 
 
+def _one_and_two_ranks(source: str, tmp_path: Path, port: int, suffix: str, *args: str):
+    """Run the script ``source`` as one process and as two torchrun ranks; each writes its
+    result to its first argument: ``(one's path, two's path)``."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    paths = []
+    for name, launcher in {"one": [], "two": _torchrun(port)}.items():
+        paths.append(tmp_path / f"{name}{suffix}")
+        done = subprocess.run(
+            [sys.executable, *launcher, str(script), str(paths[-1]), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    return paths
+
+
 def _torchrun(port: int) -> list[str]:
     return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
 
@@ -152,22 +173,8 @@ def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(tmp_path)
     """Two Gloo ranks of 4 images (a loss whose normaliser depends on the batch, gradient
     accumulation through DDP's no_sync) end where one process of 8 does, to float rounding:
     DDP sums the ranks' gradients in another order than one backward sums the batch's."""
-    script = tmp_path / "steps.py"
-    script.write_text(STEP_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launchers = {"one": [sys.executable], "two": [sys.executable, *_torchrun(29521)]}
-    for name, launcher in launchers.items():
-        done = subprocess.run(
-            [*launcher, str(script), str(tmp_path / f"{name}.pt")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    one = torch.load(tmp_path / "one.pt", weights_only=True)
-    two = torch.load(tmp_path / "two.pt", weights_only=True)
+    paths = _one_and_two_ranks(STEP_SCRIPT, tmp_path, 29521, ".pt")
+    one, two = (torch.load(path, weights_only=True) for path in paths)
     assert one["updates"] == two["updates"] == 4
     initial = _toy().state_dict()
     for name, reference in one["model"].items():
@@ -460,21 +467,8 @@ def test_validation_shards_gather_to_the_single_process_metric(tmp_path):
     from falconet.data.shapes import write_shapes
 
     data = write_shapes(tmp_path / "shapes", {"train": 2, "val": 9}, size=64)
-    script = tmp_path / "gather.py"
-    script.write_text(GATHER_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for name, launcher in {"one": [], "two": list(_torchrun(29535))}.items():
-        done = subprocess.run(
-            [sys.executable, *launcher, str(script), str(tmp_path / f"{name}.json"), str(data)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    one = json.loads((tmp_path / "one.json").read_text())
-    two = json.loads((tmp_path / "two.json").read_text())
+    paths = _one_and_two_ranks(GATHER_SCRIPT, tmp_path, 29535, ".json", str(data))
+    one, two = (json.loads(path.read_text()) for path in paths)
     assert one["images"] == 9 and two["images"] == 5  # rank 0's share: images 0, 2, 4, 6, 8
     assert one["stats"] == two["stats"] and one["stats"]["AR100"] > 0
 
