@@ -160,7 +160,9 @@ class EagerStep:
         stats: Callable[[], CaptureStats] | None = None,
     ) -> None:
         self.parts = parts
-        self.network = network if network is not None else parts.network or parts.model
+        if network is None:
+            network = parts.network if parts.network is not None else parts.model
+        self.network = network
         self._stats = stats
         # DDP all-reduces in every backward unless told not to: a batch that does not update
         # only accumulates, and the update's backward reduces the sum once
