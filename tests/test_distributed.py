@@ -380,6 +380,45 @@ def test_sync_bn_needs_gpus_and_small_per_rank_batches_are_warned_about(caplog):
         assert isinstance(synced[1], torch.nn.SyncBatchNorm)
 
 
+GATHER_SCRIPT = """
+import json
+import sys
+
+import numpy as np
+import torch
+
+from falconet.evaluation.accumulator import DetectionAccumulator
+from falconet.training.distributed import ONE_PROCESS, start, stop, world_from_env
+from falconet.training.loaders import build_val_loader
+from falconet.training.planning import plan_run
+from falconet.training import validation
+from falconet.data.resolve import load_dataset
+from falconet.plugins import get_plugins
+
+world = world_from_env()
+start(world, torch.device("cpu"), 120)
+plan = plan_run({"data": sys.argv[2], "imgsz": "64", "batch": "2", "workers": "0"}, get_plugins())
+dataset = load_dataset(plan.config.data, splits=("val",))
+loader = build_val_loader(plan.config, dataset, torch.device("cpu"), world)
+accumulator = DetectionAccumulator(validation.category_ids(dataset))
+for batch in loader:  # stand-in detections near the truth, a function of the image alone
+    outputs = []
+    for j, image_id in enumerate(batch["image_ids"].tolist()):
+        g = torch.Generator().manual_seed(int(image_id))
+        n = int(batch["counts"][j])
+        boxes = batch["boxes"][j, :n] + torch.randn(n, 4, generator=g)
+        outputs.append({"boxes": boxes, "scores": torch.rand(n, generator=g),
+                        "labels": batch["labels"][j, :n]})
+    accumulator.add(batch["image_ids"].tolist(), validation.to_original_pixels(outputs, batch))
+truth = validation.ground_truth(dataset, dataset.splits["val"])
+result = validation.evaluate_split(accumulator, truth, backend="pycocotools", plugins=get_plugins())
+if world.main:
+    with open(sys.argv[1], "w") as handle:
+        json.dump({"stats": result.stats, "images": len(accumulator.images)}, handle)
+stop()
+"""
+
+
 def test_validation_shards_gather_to_the_single_process_metric(tmp_path):
     """Each rank predicts its share of the val split (9 images over 2 ranks: one repeats to
     even the shares); rank 0 merges every image once and scores the same stats as one process
