@@ -172,11 +172,13 @@ def batch_norm_across_ranks(
 def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``model`` wrapped in ``DistributedDataParallel``: its backward averages the gradients
     over the ranks (the model's parameters stay the trained ones; the step calls the
-    wrapper)."""
+    wrapper), and each forward gives every rank rank 0's buffers (BatchNorm's running
+    statistics), so the ranks hold one model, and one EMA of it, which validates their shares
+    of the val split alike."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids)
 
 
 def _end_with_launcher() -> None:
@@ -195,9 +197,13 @@ def _end_with_launcher() -> None:
         os._exit(1)
 
 
-def stop() -> None:
-    """Leave the process group (after the run, or when it failed)."""
+def stop(*, together: bool = True) -> None:
+    """Leave the process group. ``together`` (a run that ended well): first wait for every
+    rank (rank 0 may still be writing its last checkpoint), since a rank that tore its group
+    down while another still used it could abort at exit; after a failure, leave at once."""
     if dist.is_available() and dist.is_initialized():
+        if together and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -134,7 +134,9 @@ class Trainer:
             if self.stop_reason:
                 log.info("%s", self.stop_reason)
             self.callbacks.fire("on_train_end", self.state)
+            ended_well = True
         except BaseException as exc:
+            ended_well = False
             self.checkpoints.close()  # the last epoch's files still land; exc is the error
             self.callbacks.fire("on_exception", self.state, exc)
             raise
@@ -144,7 +146,7 @@ class Trainer:
             for loader in (run.train_loader, run.val_loader):
                 if loader is not None:
                     stop_workers(loader)  # now, not at interpreter exit (stop_workers)
-            distributed.stop()
+            distributed.stop(together=ended_well)
         return self.summary()
 
     def request_stop(self, reason: str) -> None:
