@@ -176,13 +176,7 @@ class GraphedNetwork:
 
     def stats(self) -> CaptureStats:
         """The recordings so far (:class:`falconet.training.step.CaptureStats`)."""
-        counts = self.counts
-        return CaptureStats(
-            recorded=counts["recorded"],
-            failed=counts["failed"],
-            replayed=counts["replayed"],
-            eager=counts["eager"],
-        )
+        return CaptureStats.from_counts(self.counts)
 
     def _eager(self, images: torch.Tensor) -> Any:
         self.counts["eager"] += 1

@@ -103,14 +103,8 @@ class WholeStep:
         return self.failed is None and not self.micros
 
     def stats(self) -> CaptureStats:
-        counts = self.counts
-        return CaptureStats(
-            recorded=counts["recorded"],
-            failed=counts["failed"],
-            replayed=counts["replayed"],
-            eager=counts["eager"],
-            pending=self.pending,
-            capture_seconds=self.capture_seconds,
+        return CaptureStats.from_counts(
+            self.counts, pending=self.pending, capture_seconds=self.capture_seconds
         )
 
     def __call__(self, images: torch.Tensor, targets: Targets, *, update: bool) -> StepOutput:

@@ -120,6 +120,13 @@ class CaptureStats:
     pending: bool = False
     capture_seconds: float = 0.0
 
+    @classmethod
+    def from_counts(cls, counts: dict[str, int], **more: Any) -> CaptureStats:
+        """From a recorder's ``counts`` (``recorded``, ``failed``, ``replayed``, ``eager``;
+        other entries ignored) and ``more`` fields."""
+        keys = ("recorded", "failed", "replayed", "eager")
+        return cls(**{k: counts[k] for k in keys}, **more)
+
     @property
     def captures(self) -> int:
         """Captures tried so far, successful or not."""
