@@ -92,6 +92,7 @@ def _torchrun(port: int) -> list[str]:
 
 
 STEP_SCRIPT = """
+import functools
 import sys
 
 import torch
@@ -145,7 +146,7 @@ parts = StepParts(
     progress=Progress(),
     phases=Phases(),
     device=device,
-    network=replicate(model, device) if world.distributed else None,
+    replicate=functools.partial(replicate, device=device) if world.distributed else None,
 )
 step = EagerStep(parts)
 generator = torch.Generator().manual_seed(1)
@@ -180,6 +181,111 @@ def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(tmp_path)
     for name, reference in one["model"].items():
         assert not torch.equal(reference, initial[name])  # the optimizer really stepped
         torch.testing.assert_close(two["model"][name], reference, rtol=1e-5, atol=1e-6)
+
+
+GRAPHED_SCRIPT = """
+import functools
+import sys
+
+import torch
+import torch.distributed as dist
+
+from falconet.data.targets import Targets
+from falconet.training.config import TrainConfig
+from falconet.training.distributed import replicate, start, stop, world_from_env
+from falconet.training.optimization import build_optimizer, Schedule
+from falconet.training.phases import Phases
+from falconet.training.step import EagerStep, Progress, StepParts
+from falconet_graphs_cuda.graphed import GraphedNetwork
+from falconet_graphs_cuda.recording import BufferRecorder
+
+
+class FP32:
+    name = "fp32"
+
+    def autocast(self, device):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def loss(outputs, targets):
+    return outputs.pow(2).mean(), {}
+
+
+def arm(graphed):
+    torch.manual_seed(0)  # both arms start from the same weights
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
+        torch.nn.Conv2d(8, 2, 1),
+    )
+    cfg = TrainConfig(batch=8, nbs=16, warmup_epochs=0, lr0=0.05, clip_grad=0.0)
+    parts = StepParts(
+        model=model, loss=loss, optimizer=build_optimizer(model, cfg, 2), precision=FP32(),
+        scaler=None, ema=None, clip_grad=0.0, loss_gain=8.0, schedule=Schedule(cfg, 4),
+        progress=Progress(), phases=Phases(), device=torch.device("cpu"),
+        replicate=functools.partial(replicate, device=torch.device("cpu")),
+    )
+    if not graphed:
+        return model, EagerStep(parts), None
+    network = GraphedNetwork(model, BufferRecorder(), capture_after=1)
+    return model, EagerStep(parts, network, network.stats), network
+
+
+world = world_from_env()
+start(world, torch.device("cpu"), 120)
+arms = {name: arm(name == "graphed") for name in ("eager", "graphed")}
+initial = {k: v.clone() for k, v in arms["eager"][0].state_dict().items()}
+generator = torch.Generator().manual_seed(1 + world.rank)  # each rank its own images
+for i in range(6):
+    images = torch.rand(4, 3, 8, 8, generator=generator)
+    counts = torch.ones(4, dtype=torch.long)
+    targets = Targets.from_padded(torch.zeros(4, 1, 4), torch.zeros(4, 1).long(), counts)
+    for model, step, _ in arms.values():
+        step(images, targets, update=i % 2 == 1)
+eager, graphed = arms["eager"][0], arms["graphed"][0]
+mine = torch.cat([p.detach().flatten() for p in graphed.parameters()])
+gathered = [torch.empty_like(mine) for _ in range(world.size)]
+dist.all_gather(gathered, mine)
+if world.main:
+    torch.save(
+        {
+            "eager": eager.state_dict(),
+            "graphed": graphed.state_dict(),
+            "initial": initial,
+            "ranks_equal": all(torch.equal(g, gathered[0]) for g in gathered),
+            "counts": arms["graphed"][2].counts,
+        },
+        sys.argv[1],
+    )
+stop()
+"""
+
+
+def test_the_graphed_network_under_ddp_is_bit_for_bit_the_eager_ddp_step(tmp_path):
+    """graph=cuda-graph's network logic (replays from static buffers, CPU recorder) called
+    through DDP on two Gloo ranks with different images: the gradients a replay hands the
+    parameters are all-reduced (the ranks end with one model) and the run equals eager DDP bit
+    for bit after real updates (3 updates of 2 accumulated batches)."""
+    script = tmp_path / "graphed.py"
+    script.write_text(GRAPHED_SCRIPT)
+    out = tmp_path / "graphed.pt"
+    done = subprocess.run(
+        [sys.executable, *_torchrun(29523), str(script), str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = torch.load(out, weights_only=True)
+    assert result["counts"]["replayed"] == 6 and result["counts"]["recorded"] == 1
+    assert result["ranks_equal"]
+    for name, weight in result["eager"].items():
+        if weight.is_floating_point():
+            assert not torch.equal(weight, result["initial"][name]), name  # it trained
+        assert torch.equal(result["graphed"][name], weight), name
 
 
 def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(tiny_run, tmp_path):

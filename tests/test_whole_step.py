@@ -323,6 +323,18 @@ def test_whole_step_declines_what_it_cannot_capture(precision, options, static, 
     assert got is None if reason is None else reason in got
 
 
+def test_whole_step_declines_in_a_distributed_run_and_cuda_graph_takes_auto(
+    installed_falconet_plugins,
+):
+    from falconet.training.backends import choose_graph
+
+    net = torch.nn.Linear(1, 1)
+    options = {"optimizer": "sgd", "momentum": 0.9}
+    context = GraphContext(torch.device("cuda", 0), "bf16", 2, net, options, static_loss=True)
+    assert "all-reduce" in WholeStepBackend().decline_reason(context)
+    assert choose_graph("auto", context, net, installed_falconet_plugins)[0] == "cuda-graph"
+
+
 def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
     family = installed_falconet_plugins.families.get("yolo")
     assert family.static_loss("tal") and not family.static_loss("hungarian")

@@ -39,6 +39,13 @@ captured; after the failed capture the same process keeps training it eagerly, a
 outputs and gradients are compared bit for bit with an untouched copy trained eagerly, so
 the report says whether falling back to eager in-process is safe.
 
+**Under DDP** (``--ddp``): every arm's network is called through ``DistributedDataParallel`` over
+a one-process NCCL group (Gloo on the CPU), as a distributed run's step is, and only eager and
+cuda-graph run (whole-step declines under DDP): cuda-graph's replays hand their gradients to
+DDP's reducer, whose all-reduce runs outside the recording, and the pairs say whether that is
+bit for bit eager DDP. On a machine with N GPUs, ``torchrun --nproc-per-node N`` runs the same
+arms distributed (each rank its share of every batch; rank 0 reports).
+
 On the CPU (``--device cpu``, or no GPU) only the script itself is checked: the graph
 backends decline and run eagerly, fp16 (CUDA only) is left out, and there is no memory
 figure or failed-capture test.
@@ -141,12 +148,14 @@ def _step_callable(trainer: Any):
 class Arm:
     """One trainer of a paired run, seen through the pieces both APIs have."""
 
-    def __init__(self, keys: dict) -> None:
+    def __init__(self, keys: dict, ddp: bool = False) -> None:
         from falconet.plugins import get_plugins
         from falconet.training.trainer import Trainer
 
         plugins = get_plugins()
         self.trainer = Trainer(_plan_run()(keys, plugins), plugins)
+        if ddp:
+            replicate_step(self.trainer, plugins)
         self._step = _step_callable(self.trainer)
         self._targets = _targets_type()
 
@@ -243,6 +252,46 @@ class Arm:
             targets = {k: batch[k].to(device) for k in TARGET_KEYS}
         out = self._step(images, targets, update)
         return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+
+
+def replicate_step(trainer: Any, plugins: Any) -> None:
+    """Rebuild ``trainer``'s step with its network called through DDP (``--ddp``): a one-process
+    run's parts with the distributed run's ``replicate``, built by the same graph backend."""
+    import dataclasses
+    import functools
+
+    from falconet.interfaces import GraphContext
+    from falconet.training.distributed import replicate
+
+    run = trainer.run
+    if run.parts.replicate is not None:  # already distributed (torchrun with several ranks)
+        return
+    run.parts = dataclasses.replace(
+        run.parts, replicate=functools.partial(replicate, device=run.device)
+    )
+    context = GraphContext(
+        run.device,
+        run.precision.name,
+        world_size=1,
+        capture_region=run.family.capture_region(run.model),
+        options=run.config.model_dump(),
+        static_loss=run.family.static_loss(run.config.assigner),
+    )
+    run.step = plugins.graph_backends.get(run.graph).build_step(run.parts, context)
+
+
+def start_one_process_group(device: torch.device) -> None:
+    """A process group of this process alone (``--ddp`` without torchrun)."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=0, world_size=1)
 
 
 def _plain(value: Any) -> bool:
@@ -449,13 +498,14 @@ def paired(args, amp: str, tmp: Path) -> dict:
     keys = paired_keys(args, amp, tmp)
     specs = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
     specs.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
-    specs.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
-    if amp in args.fuse.split(","):
+    if not args.ddp:  # whole-step declines under DDP
+        specs.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
+    if amp in args.fuse.split(",") and not args.ddp:
         fused = {"fuse": args.fuse_mode} | dict(k.split("=", 1) for k in args.fused_keys)
         specs.append(("fused", "whole-step", fused))
         specs.append(("fused2", "whole-step", fused))  # run to run
     arms = {
-        name: Arm({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"})
+        name: Arm({**keys, **extra, "graph": graph, "name": f"{amp}-{name}"}, args.ddp)
         for name, graph, extra in specs
     }
     batches = fetch_batches(arms["eager"], args.steps)
@@ -695,6 +745,11 @@ def main() -> int:
         action="store_true",
         help="torch.use_deterministic_algorithms for every arm (warn where none exists)",
     )
+    parser.add_argument(
+        "--ddp",
+        action="store_true",
+        help="call every arm's network through DDP (one process; or N under torchrun)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -702,10 +757,13 @@ def main() -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
     tmp = Path(tempfile.mkdtemp(prefix="check-graphs-"))
     cuda = (torch.cuda.is_available() and args.device in ("", "cuda")) or "cuda" in args.device
+    if args.ddp:
+        start_one_process_group(torch.device("cuda" if cuda else "cpu"))
     report: dict = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "ddp": args.ddp,
         "paired": [],
     }
 

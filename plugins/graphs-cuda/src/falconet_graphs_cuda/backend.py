@@ -2,8 +2,10 @@
 from CUDA graphs; loss, optimizer and EMA stay eager.
 
 It declines (the trainer logs the reason and continues with ``graph=eager``) on a device other
-than CUDA, in a distributed run (DDP's gradient hooks fire during backward, which a replay
-would skip) and for a family that declares no capture region.
+than CUDA and for a family that declares no capture region. In a distributed run the replayed
+network is called through DDP: a replay's backward hands each parameter its gradient through
+autograd, so DDP's reducer all-reduces the gradients outside the recorded region, as it does
+for the eager network.
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ class CudaGraphBackend:
     def decline_reason(self, context: GraphContext) -> str | None:
         if context.device.type != "cuda":
             return f"CUDA graphs need a CUDA device, and this run is on {context.device.type}"
-        if context.world_size > 1:
-            return "CUDA graphs would skip DDP's gradient hooks in a distributed run"
         if context.capture_region is None:
             return "the model family declares no capture region"
         return None
@@ -61,6 +61,12 @@ class WholeStepBackend:
         options = context.options
         if reason is not None:
             return reason
+        if context.world_size > 1:
+            return (
+                "a distributed run all-reduces the gradients between backward and update, and "
+                "recording that all-reduce inside the step's graph is not built yet "
+                "(graph=cuda-graph records the network and leaves the all-reduce to DDP)"
+            )
         if not context.static_loss:
             return (
                 f"the model family declares no static-shaped loss with "

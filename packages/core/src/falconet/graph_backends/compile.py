@@ -63,7 +63,7 @@ class CompileBackend:
         mode = context.keys(CompileKeys).compile_mode
         if context.capture_region is None:
             return "the model family declares no capture region to compile"
-        if context.world_size > 1:  # the compiled module would bypass DDP's wrapper
+        if context.world_size > 1:  # not yet checked against the eager DDP step
             return "compiling under DDP is not built yet (docs/distributed.md)"
         if mode == "reduce-overhead" and context.device.type != "cuda":
             return "compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device"

@@ -9,6 +9,7 @@ registry, so a plugin's part is assembled exactly as a built-in one.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         progress=Progress(),
         phases=Phases(),
         device=device,
-        network=replicate(model, device) if world.distributed else None,
+        replicate=functools.partial(replicate, device=device) if world.distributed else None,
     )
     context = GraphContext(
         device,

@@ -72,9 +72,9 @@ class StepParts:
     :param progress: the run's epoch and update count, shared with the loop.
     :param phases: the phase timer shared with the loop (:mod:`falconet.training.phases`).
     :param device: the training device.
-    :param network: what the forward calls in place of ``model``: in a distributed run the
-        model's ``DistributedDataParallel`` wrapper, whose backward averages the gradients
-        over the ranks; ``None`` (the model itself) otherwise.
+    :param replicate: in a distributed run, what wraps the network the step calls in
+        ``DistributedDataParallel`` (:func:`falconet.training.distributed.replicate`), whose
+        backward averages the gradients over the ranks; ``None`` otherwise.
     """
 
     model: nn.Module
@@ -89,7 +89,7 @@ class StepParts:
     progress: Progress
     phases: Phases
     device: torch.device
-    network: nn.Module | None = None
+    replicate: Callable[[nn.Module], nn.Module] | None = None
 
     def set_rates(self) -> None:
         """Set the optimizer's learning rates and momenta for the next update."""
@@ -152,11 +152,29 @@ class TrainStep(Protocol):
         ...
 
 
+class BackendNetwork(nn.Module):
+    """``model`` called through a backend's ``network`` callable (a graphed network), as a
+    module: DDP wraps it and sees exactly the model's parameters, and its reducer's hooks,
+    which fire when autograd accumulates a parameter's gradient, fire for the callable's
+    backward as for the model's own."""
+
+    def __init__(self, model: nn.Module, network: Callable[[torch.Tensor], Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.network = network
+
+    def forward(self, images: torch.Tensor) -> Any:
+        return self.network(images)
+
+
 class EagerStep:
     """The step op by op, each part in its phase (:mod:`falconet.training.phases`).
 
     :param network: what is called in place of ``parts.model`` (a compiled or graphed network
-        from a backend); the model itself by default.
+        from a backend); the model itself by default. In a distributed run it is called
+        through ``parts.replicate``'s DDP wrapper: a network that is not a module is wrapped
+        with the model's parameters (:class:`BackendNetwork`), so DDP's gradient hooks fire
+        when its backward hands the parameters their gradients.
     :param stats: the capture statistics of that network (none by default).
     """
 
@@ -168,7 +186,12 @@ class EagerStep:
     ) -> None:
         self.parts = parts
         if network is None:
-            network = parts.network if parts.network is not None else parts.model
+            network = parts.model
+        if parts.replicate is not None:
+            module = (
+                network if isinstance(network, nn.Module) else BackendNetwork(parts.model, network)
+            )
+            network = parts.replicate(module)
         self.network = network
         self._stats = stats
         # DDP all-reduces in every backward unless told not to: a batch that does not update
