@@ -103,6 +103,8 @@ def test_train_two_epochs_on_coco128_at_small_size(falconet_cli, tmp_path):
         ("epoch=3", "unknown key 'epoch'; did you mean epochs=?"),
         ("amp_dtype=fp8", "pip install falconet-precision-te-fp8"),
         ("epochs", "'epochs' is not key=value"),
+        ("batch=1.5", "neither a number of images (1 or more) nor autobatch"),
+        ("batch=-1", "give the batch as a number of images, e.g. batch=16"),  # on the CPU
     ],
 )
 def test_bad_keys_are_clear_errors_on_the_command_line(falconet_cli, tiny_run, pair, expected):

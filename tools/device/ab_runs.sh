@@ -21,6 +21,8 @@
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
 #   ddp     tools/bench_ddp.py: end to end at world size 1 and ddp_gpus, ddp_batches per GPU,
 #           ddp_arms (graph=auto and graph=eager by default); ddp_args adds --kill, --overfit-epochs
+#   autobatch  tools/bench_autobatch.py: batch=-1 and batch=0.5, graph=auto and eager, 2
+#           epochs of COCO128 x4 each: the batch chosen, the probe's seconds, the run's peak
 #   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
@@ -88,6 +90,10 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --gpus "${ddp_gpus:-2}" --batches "${ddp_batches:-16,64}" \
         --arms "${ddp_arms:-graph=auto,graph=eager}" --epochs "${ddp_epochs:-5}" \
         ${ddp_args:-} --out "$out" ;;
+    autobatch)
+      timeout "${autobatch_timeout:-400}" python bench_autobatch.py --data "$data" \
+        --arms "${autobatch_arms:-batch=-1;batch=0.5}" --graphs "${autobatch_graphs:-auto,eager}" \
+        --epochs 2 --out "$out" ;;
     *) echo "unknown job $name" >&2 ;;
   esac > "$log.out" 2> "$log.err"
   echo "$n $name $side: rc $? in $((SECONDS - start)) s"

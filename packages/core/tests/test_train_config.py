@@ -46,7 +46,7 @@ def test_later_layers_win_and_unknown_keys_name_the_closest():
     [
         ({"imgsz": 100}, "imgsz=100: must be a multiple of 32 (the network's largest stride)"),
         ({"schedule": "step"}, "schedule='step': expected 'linear' or 'cosine'"),
-        ({"batch": 0}, "batch=0: Input should be greater than or equal to 1"),
+        ({"batch": 0}, "batch=0: 0 is neither a number of images (1 or more) nor autobatch"),
         ({"mosaic": 2}, "mosaic=2: Input should be less than or equal to 1"),
     ],
 )

@@ -175,8 +175,12 @@ class GraphedNetwork:
         return tree_unflatten(list(outputs), recording.spec)
 
     def stats(self) -> CaptureStats:
-        """The recordings so far (:class:`falconet.training.step.CaptureStats`)."""
-        return CaptureStats.from_counts(self.counts)
+        """The recordings so far (:class:`falconet.training.step.CaptureStats`); pending until
+        the first recording is made or fails."""
+        pending = not self.recordings and not self.failed
+        return CaptureStats.from_counts(
+            self.counts, pending=pending, capture_seconds=self.capture_seconds
+        )
 
     def _eager(self, images: torch.Tensor) -> Any:
         self.counts["eager"] += 1

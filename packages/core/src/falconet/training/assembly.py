@@ -20,9 +20,18 @@ from torch import nn
 
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
+from falconet.data.targets import Targets
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend
 from falconet.loss_scaler import LossScaler
 from falconet.plugins import Plugins
+from falconet.training.autobatch import (
+    box_count,
+    peak_of,
+    quiet,
+    refuse_off_gpu,
+    timed_choice,
+    wanted_fraction,
+)
 from falconet.training.backends import choose_graph, choose_precision
 from falconet.training.checkpoint import load_matching_weights
 from falconet.training.config import TrainConfig
@@ -33,6 +42,7 @@ from falconet.training.distributed import (
     per_rank_batch,
     rank_device,
     replicate,
+    share,
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
@@ -80,12 +90,18 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
     cfg = plan.config
     world = world_from_env()
-    per_rank_batch(cfg.batch, world)  # before anything starts
+    fraction = wanted_fraction(cfg.batch)
+    if fraction is None:
+        per_rank_batch(cfg.batch, world)  # before anything starts
     device = rank_device(cfg.device, world)
+    if fraction is not None:
+        refuse_off_gpu(device, cfg.batch)
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
     precision = choose_precision(cfg.amp_dtype, device, plugins)
+    if fraction is not None:
+        cfg = autobatched(plan, plugins, dataset, precision, device, world, fraction)
     model = build_network(plan, len(dataset.names), precision, device)
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
@@ -111,14 +127,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         device=device,
         replicate=functools.partial(replicate, device=device) if world.distributed else None,
     )
-    context = GraphContext(
-        device,
-        precision.name,
-        world_size=world.size,
-        capture_region=plan.family.capture_region(model),
-        options=cfg.model_dump(),
-        static_loss=plan.family.static_loss(cfg.assigner),
-    )
+    context = graph_context(plan, cfg, model, precision, device, world)
     graph, backend = choose_graph(cfg.graph, context, model, plugins)
     return Run(
         config=cfg,
@@ -139,6 +148,118 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         graph=graph,
         step=backend.build_step(parts, context),
     )
+
+
+def graph_context(
+    plan: Plan,
+    cfg: TrainConfig,
+    model: nn.Module,
+    precision: PrecisionBackend,
+    device: torch.device,
+    world: World,
+) -> GraphContext:
+    """What the graph backends decide by for this run's ``model``."""
+    return GraphContext(
+        device,
+        precision.name,
+        world_size=world.size,
+        capture_region=plan.family.capture_region(model),
+        options=cfg.model_dump(),
+        static_loss=plan.family.static_loss(cfg.assigner),
+    )
+
+
+def autobatched(
+    plan: Plan,
+    plugins: Plugins,
+    dataset: Dataset,
+    precision: PrecisionBackend,
+    device: torch.device,
+    world: World,
+    fraction: float,
+) -> TrainConfig:
+    """``plan``'s configuration with the batch autobatch chose (:mod:`falconet.training.
+    autobatch`): rank 0 measures the run's step on its GPU, every rank takes its choice."""
+    cfg = plan.config
+    per_rank = None
+    if world.main:
+        train = dataset.splits["train"].samples
+        mean_boxes = sum(len(s.labels) for s in train) / max(len(train), 1)
+        boxes = box_count(mean_boxes, cfg.mosaic)
+
+        def measure(batch: int) -> int | None:
+            return peak_of(
+                lambda: probe_step(plan, plugins, dataset, precision, device, world, batch, boxes),
+                device,
+            )
+
+        share_of_split = -(-len(train) // world.size)  # a larger batch has no more images
+        per_rank = timed_choice(measure, device, fraction, largest=share_of_split).batch
+    per_rank = share(per_rank, device)
+    return cfg.model_copy(update={"batch": per_rank * world.size})
+
+
+PROBE_CALLS = 8
+"""The most training steps a probe runs (it stops once the backend has replayed)."""
+
+
+def probe_step(
+    plan: Plan,
+    plugins: Plugins,
+    dataset: Dataset,
+    precision: PrecisionBackend,
+    device: torch.device,
+    world: World,
+    batch: int,
+    boxes: int,
+) -> None:
+    """Train the run's step (its graph backend's, recordings included) at ``batch`` images
+    of ``boxes`` boxes each until the backend replays, then validate a batch twice as large
+    while the step is still held: the memory a run's epoch and its validation need."""
+    cfg = plan.config.model_copy(update={"batch": batch})
+    with quiet():
+        model = build_network(plan, len(dataset.names), precision, device)
+        parts = StepParts(
+            model=model,
+            loss=plan.family.build_loss(model, plugins.assigners.get(cfg.assigner)),
+            optimizer=build_optimizer(model, cfg, 1),
+            precision=precision,
+            scaler=precision.grad_scaler(device),
+            ema=ModelEMA(model, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None,
+            clip_grad=cfg.clip_grad,
+            loss_gain=float(batch),
+            schedule=Schedule(cfg, 1),
+            progress=Progress(),
+            phases=Phases(),
+            device=device,
+        )
+        context = graph_context(plan, cfg, model, precision, device, world)
+        step = choose_graph(cfg.graph, context, model, plugins)[1].build_step(parts, context)
+        images, targets = synthetic_batch(batch, cfg.imgsz, boxes, len(dataset.names), device)
+        for call in range(PROBE_CALLS):
+            step(images, targets, update=True)
+            stats = step.stats()
+            done = stats.replayed > 0 or stats.failed > 0 or stats.captures == 0
+            if call >= 1 and not stats.pending and done:
+                break
+        network = parts.ema.module if parts.ema is not None else model.eval()
+        sizes = [(cfg.imgsz, cfg.imgsz)] * (2 * batch)
+        with torch.no_grad(), precision.autocast(device):
+            outputs = network(torch.rand(2 * batch, 3, cfg.imgsz, cfg.imgsz, device=device))
+            plan.family.postprocess(outputs, sizes, conf=0.001, multi_label=True)
+
+
+def synthetic_batch(
+    batch: int, size: int, boxes: int, classes: int, device: torch.device
+) -> tuple[torch.Tensor, Targets]:
+    """Random images ``[batch, 3, size, size]`` and ``boxes`` random boxes per image."""
+    generator = torch.Generator().manual_seed(0)
+    corners = torch.rand(batch, boxes, 2, 2, generator=generator) * size
+    xyxy = torch.cat((corners.amin(2), corners.amax(2) + 1.0), -1).clamp(max=size)
+    labels = torch.randint(0, classes, (batch, boxes), generator=generator)
+    counts = torch.full((batch,), boxes, dtype=torch.long)
+    targets = Targets.from_padded(xyxy, labels, counts).to(device)
+    return torch.rand(batch, 3, size, size, generator=generator).to(device), targets
 
 
 def load_training_data(cfg: TrainConfig) -> Dataset:

@@ -43,7 +43,11 @@ class TrainConfig(BaseModel):
     model: str = Field("yolo-n", description="model name (yolo-n, ...) or a checkpoint .pt")
     data: str = Field("shapes", description="`shapes` (built-in synthetic set) or a data yaml")
     epochs: int = Field(100, ge=1, description="number of epochs")
-    batch: int = Field(16, ge=1, description="images per step")
+    batch: int | float = Field(
+        16,
+        description="images per step, over all ranks; -1 or a fraction such as 0.7: the "
+        "largest batch whose step fits in that share of the GPU's free memory (-1: 0.8)",
+    )
     imgsz: int = Field(640, ge=32, description="square input size in pixels, a multiple of 32")
     device: str = Field("auto", description="auto, cpu, 0, cuda:0 (auto: the first GPU, else cpu)")
     workers: int = Field(8, ge=0, description="loader worker processes (capped at the CPU count)")
@@ -144,6 +148,18 @@ class TrainConfig(BaseModel):
                 f"try {max(32, round(value / 32) * 32)}"
             )
         return value
+
+    @field_validator("batch")
+    @classmethod
+    def _images_or_share(cls, value: int | float) -> int | float:
+        if value == int(value) and (value >= 1 or value == -1):
+            return int(value)
+        if 0 < value < 1:
+            return float(value)
+        raise ValueError(
+            f"{value:g} is neither a number of images (1 or more) nor autobatch (-1, or a share "
+            "of the GPU's free memory between 0 and 1, such as 0.7)"
+        )
 
     @field_validator("resume", mode="before")
     @classmethod

@@ -223,11 +223,12 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
-def share_path(path: str, device: torch.device) -> str:
-    """Rank 0's ``path`` on every rank (the run folder rank 0 made)."""
+def share(value: Any, device: torch.device) -> Any:
+    """Rank 0's ``value`` (picklable) on every rank: the run folder rank 0 made, the batch
+    autobatch chose."""
     if not active():
-        return path
-    box = [path]
+        return value
+    box = [value]
     dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
     return box[0]
 

@@ -78,7 +78,7 @@ class Trainer:
             self._restore(plan.resume_state)
         else:
             made = str(new_run_dir(cfg.project, cfg.name, cfg.exist_ok).resolve()) if main else ""
-            self.run_dir = Path(distributed.share_path(made, run.device))
+            self.run_dir = Path(distributed.share(made, run.device))
         self.weights_dir = self.run_dir / "weights"
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
