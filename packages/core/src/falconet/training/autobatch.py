@@ -10,10 +10,12 @@ with the recordings still held, as a run does between epochs. The peak of memory
 PyTorch's allocator is the candidate's cost (:func:`probe_step`).
 
 The search (:func:`choose_batch`) measures two batches, fits ``cost = fixed + per_image *
-batch`` through them, takes the largest batch the fit allows under the budget, rounded down to
-a multiple of the world size's share, and measures that one too; a candidate that runs out of
-memory or over the budget is shrunk and measured again, so the batch chosen is one that was
-seen to fit, never an extrapolation. Every measurement is logged.
+batch`` through them, takes the largest batch the line allows under the budget and measures
+that one too. A candidate that costs more than the budget is replaced by the crossing of the
+budget with the line through it and the largest batch that fitted (for a cost that grows
+faster than linearly that crossing fits); one that runs out of memory is shrunk by 15%. Each
+is measured again, so the batch chosen is one that was seen to fit, never an extrapolation.
+Every measurement is logged with its seconds.
 
 Synthetic targets hold twice a mosaic's mean box count per image (four images' worth of the
 train split's mean), so the loss, whose memory grows with the box count, is measured at the
@@ -50,7 +52,7 @@ LARGEST = 1024
 """No per-rank batch above this is tried (nor above the rank's share of the train split)."""
 
 SHRINK = 0.85
-"""A candidate that does not fit is retried at this fraction of itself."""
+"""A candidate that runs out of memory is retried at this fraction of itself."""
 
 TRIES = 4
 """Measurements after the two of the fit, at most."""
@@ -109,7 +111,15 @@ def choose_batch(measure: Measure, budget: int, largest: int = LARGEST) -> Choic
     for _ in range(TRIES):
         if candidate <= max(fits) or fit(candidate):
             break
-        candidate = int(candidate * SHRINK)
+        peak = tried[-1][1]
+        below = max(fits)
+        if peak is None:  # out of memory: no cost to draw a line through
+            candidate = int(candidate * SHRINK)
+            continue
+        # over the budget: the line through the largest fit and this cost crosses the budget
+        # at or left of the true crossing when cost grows faster than linearly
+        slope = (peak - fits[below]) / (candidate - below)
+        candidate = min(below + int((budget - fits[below]) / slope), candidate - 1)
     return _chosen(fits, tried, budget)
 
 
@@ -161,9 +171,18 @@ def timed_choice(
 ) -> Choice:
     """:func:`choose_batch` within ``fraction`` of ``device``'s free memory, logged."""
     budget, free, total = memory_budget(device, fraction)
+    seconds_of: dict[int, float] = {}
+
+    def timed(batch: int) -> int | None:
+        start = time.perf_counter()
+        try:
+            return measure(batch)
+        finally:
+            seconds_of[batch] = time.perf_counter() - start
+
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[device]):  # the probe's draws are not the run's
-        choice = choose_batch(measure, budget, min(largest, LARGEST))
+        choice = choose_batch(timed, budget, min(largest, LARGEST))
     seconds = time.perf_counter() - start
     log.info(
         "autobatch: %d images per GPU (peak %s of a %s budget: %.0f%% of %s free of %s) in "
@@ -175,7 +194,7 @@ def timed_choice(
         _gib(free),
         _gib(total),
         seconds,
-        ", ".join(f"{b}: {_gib(p)}" for b, p in choice.tried),
+        ", ".join(f"{b}: {_gib(p)} ({seconds_of[b]:.1f} s)" for b, p in choice.tried),
     )
     return choice
 
