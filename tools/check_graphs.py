@@ -194,6 +194,14 @@ class Arm:
         return _find(self.trainer, "train_loader")
 
     @property
+    def called_through(self) -> str:
+        """The type of what the step calls as its network (DistributedDataParallel under
+        ``--ddp``), or ``-`` for a step that holds none."""
+        step = _step_object(self.trainer)
+        network = getattr(step, "network", None)
+        return "-" if network is None else type(network).__name__
+
+    @property
     def used(self) -> str:
         """The graph backend that runs (one that declines runs eager)."""
         return str(_find(self.trainer, "graph"))
@@ -512,6 +520,7 @@ def paired(args, amp: str, tmp: Path) -> dict:
     runs = {name: train(arm, batches, args) for name, arm in arms.items()}
     result: dict = {"amp": amp, "init_scale": args.init_scale if arms["eager"].scaler else None}
     result["used"] = {name: arm.used for name, arm in arms.items()}
+    result["called_through"] = {name: arm.called_through for name, arm in arms.items()}
     result["updates"] = {name: run["updates"] for name, run in runs.items()}
     for pair, name, reference in PAIRS:
         if name in arms:
