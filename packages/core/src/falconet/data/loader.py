@@ -22,28 +22,28 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
+from falconet.data.plans import AugmentPlan, Shape, plan_sample
 from falconet.data.records import Sample
 from falconet.data.targets import box_rows
 from falconet.data.transforms import (
+    PAD_VALUE,
     AugmentConfig,
-    affine_matrix,
-    augment_hsv,
+    apply_hsv,
     letterbox,
-    mosaic_boxes,
-    mosaic_layout,
     next_bucket,
-    random_affine,
     read_image,
     resize_long_side,
-    warp_boxes,
     warp_mosaic,
 )
 from falconet.paths import cache_dir
 
 CACHE_MODES = ("none", "ram", "disk")
+
+GREY = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
 
 
 class DetectionDataset(torch.utils.data.Dataset):
@@ -117,41 +117,62 @@ class DetectionDataset(torch.utils.data.Dataset):
         boxes = self.samples[index].boxes * np.array([w, h, w, h], np.float32)
         return image, boxes
 
+    def shape(self, index: int) -> tuple[int, int]:
+        """``(height, width)`` of image ``index`` resized to long side ``imgsz``."""
+        if self._ram is not None:
+            return self._ram[index].shape[:2]
+        return resized_shape(self.samples[index], self.imgsz)
+
+    def plan(self, epoch: int, index: int, shape: Shape | None = None) -> AugmentPlan:
+        """The augmentation of ``index`` in ``epoch`` (:mod:`falconet.data.plans`), the
+        images' sizes from ``shape`` (this dataset's own by default)."""
+        mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
+        return plan_sample(
+            self.samples,
+            index,
+            epoch,
+            size=self.imgsz,
+            cfg=self.augment,
+            seed=self.seed,
+            shape=shape or self.shape,
+            mosaic_on=mosaic_on,
+        )
+
+    def render(self, plan: AugmentPlan, loaded: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """The plan's output image on the CPU (OpenCV): the canvas warped, then HSV
+        (``loaded``: images already decoded, by index)."""
+        loaded = loaded or {}
+        images = [loaded.get(t[0], None) for t in plan.tiles]
+        images = [
+            self.load(t[0])[0] if im is None else im
+            for t, im in zip(plan.tiles, images, strict=True)
+        ]
+        if plan.layout is not None:
+            image = warp_mosaic(images, plan.layout, plan.matrix)
+        else:
+            image, _, _ = letterbox(images[0], self.imgsz)
+            image = cv2.warpAffine(
+                image, plan.matrix[:2], dsize=(self.imgsz, self.imgsz), borderValue=GREY
+            )
+        return apply_hsv(image, plan.gains)
+
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         sample = self.samples[index]
-        rng = np.random.default_rng([self.seed, epoch, index])
-        image, boxes = self.load(index)
-        labels = sample.labels
-        used_mosaic = False
         ratio, pad = self.imgsz / max(sample.width, sample.height), (0.0, 0.0)
         if self.augment is None:
+            image, boxes = self.load(index)
             image, _, pad = letterbox(image, self.imgsz)
             boxes = boxes + np.array([*pad, *pad], np.float32)
+            labels, used_mosaic = sample.labels, False
         else:
-            cfg = self.augment
-            mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
-            if mosaic_on and cfg.mosaic > 0 and rng.random() < cfg.mosaic:
-                others = rng.integers(0, len(self.samples), 3).tolist()
-                loaded = [(image, boxes)] + [self.load(i) for i in others]
-                images = [im for im, _ in loaded]
-                layout = mosaic_layout([im.shape[:2] for im in images], self.imgsz, rng)
-                labels = np.concatenate([sample.labels] + [self.samples[i].labels for i in others])
-                flip = rng.random() < cfg.fliplr
-                side = 2 * self.imgsz
-                matrix = affine_matrix(side, side, self.imgsz, cfg, rng, flip=flip)
-                image = warp_mosaic(images, layout, matrix)
-                boxes, keep = warp_boxes(
-                    mosaic_boxes(layout, [b for _, b in loaded]), matrix, self.imgsz
-                )
-                used_mosaic = True
-            else:
-                image, _, pad0 = letterbox(image, self.imgsz)
-                boxes = boxes + np.array([*pad0, *pad0], np.float32)
-                flip = rng.random() < cfg.fliplr
-                image, boxes, keep = random_affine(image, boxes, self.imgsz, cfg, rng, flip=flip)
-            labels = labels[keep]
-            image = augment_hsv(image, cfg, rng)
+            plan = self.plan(epoch, index)
+            image, boxes, labels, used_mosaic = (
+                self.render(plan),
+                plan.boxes,
+                plan.labels,
+                plan.mosaic,
+            )
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image)),  # HWC: see collate
             "boxes": torch.from_numpy(np.asarray(boxes, np.float32).reshape(-1, 4)),
@@ -162,6 +183,16 @@ class DetectionDataset(torch.utils.data.Dataset):
             "pad": pad,
             "mosaic": used_mosaic,
         }
+
+
+def resized_shape(sample: Sample, size: int) -> tuple[int, int]:
+    """``(height, width)`` of ``sample`` resized to long side ``size``, as
+    :func:`~falconet.data.transforms.resize_long_side` makes it."""
+    h, w = sample.height, sample.width
+    ratio = size / max(h, w)
+    if ratio == 1:
+        return h, w
+    return max(1, round(h * ratio)), max(1, round(w * ratio))
 
 
 def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -225,12 +225,31 @@ def random_affine(
 
 def augment_hsv(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
     """Random hue, saturation and value gains, applied through lookup tables."""
-    gains = rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    return apply_hsv(image, hsv_gains(cfg, rng))
+
+
+def hsv_gains(cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """The random ``(hue, saturation, value)`` gains, ``[3]`` float64."""
+    return rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+
+
+def hsv_tables(gains: np.ndarray) -> np.ndarray:
+    """The lookup tables of ``gains``, ``[3, 256]`` uint8: hue wraps at 180 (OpenCV's 8-bit
+    hue), saturation and value are clipped to 255; both truncate."""
     x = np.arange(256, dtype=np.float32)
-    lut_h = ((x * gains[0]) % 180).astype(np.uint8)
-    lut_s = np.clip(x * gains[1], 0, 255).astype(np.uint8)
-    lut_v = np.clip(x * gains[2], 0, 255).astype(np.uint8)
+    return np.stack(
+        [
+            ((x * gains[0]) % 180).astype(np.uint8),
+            np.clip(x * gains[1], 0, 255).astype(np.uint8),
+            np.clip(x * gains[2], 0, 255).astype(np.uint8),
+        ]
+    )
+
+
+def apply_hsv(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """Hue, saturation and value scaled by ``gains`` through lookup tables."""
+    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    lut_h, lut_s, lut_v = hsv_tables(gains)
     # three plane lookups, not one 3-channel table: the table was slower
     # (tools/bench_augment.py; docs/data.md has the measurement)
     merged = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
