@@ -29,7 +29,7 @@ from falconet.training.trainer import Trainer, TrainingDiverged
     ("keys", "expected"),
     [
         ({"imgsz": 100}, "imgsz=100: must be a multiple of 32"),
-        ({"cache": "ssd"}, "cache='ssd': expected 'none', 'ram' or 'disk'"),
+        ({"cache": "ssd"}, "cache='ssd': expected 'none', 'ram', 'disk' or 'gpu'"),
         ({"epochs": "many"}, "epochs='many'"),
         ({"lr0": -1}, "lr0=-1"),
         ({"amp_dtype": "fp8"}, "pip install falconet-precision-te-fp8"),

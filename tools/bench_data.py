@@ -6,12 +6,21 @@ setting iterates ``--epochs`` epochs; the first is warm-up (worker start, first 
 left out; the rate is the median over the remaining epochs. It also times single-threaded JPEG
 decoding with each library present, the measurement behind the choice of decoder.
 
+With ``--gpu`` (a CUDA device) it measures ``cache=gpu`` beside ``cache=ram`` with
+``--gpu-workers`` workers, at each of ``--gpu-batches``: the store's fill (seconds, images
+decoded by nvJPEG and on the CPU, GiB), how far its images are from the CPU cache's (mean
+absolute difference in levels), and per batch size the loader's rate, every epoch synchronised
+with the GPU at its end, and the CPU cores the process kept busy meanwhile (process CPU time
+over wall time, loader threads and workers included). ``--out`` writes the results as JSON.
+
     uv run python tools/bench_data.py ../shared/data/coco128/coco128.yaml
+    python tools/bench_data.py .data/coco128/coco128.yaml --gpu --gpu-batches 16,64 --out d.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -72,6 +81,88 @@ def loader_rate(dataset: DetectionDataset, workers: int, batch: int, epochs: int
     return statistics.median(rates)
 
 
+def busy_cores(pids: list[int]) -> float:
+    """CPU seconds so far of this process and ``pids`` (its loader workers)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            pass
+    return total
+
+
+def timed_epochs(loader, epochs: int, device: torch.device | None) -> dict[str, float]:
+    """Median img/s over the epochs after the first, and the median CPU cores busy."""
+    rates, cores = [], []
+    for epoch in range(epochs):
+        loader.batch_sampler.set_epoch(epoch)
+        start, count = time.perf_counter(), 0
+        iterator = iter(loader)
+        pids = [w.pid for w in getattr(iterator, "_workers", [])]
+        cpu = busy_cores(pids)
+        for item in iterator:
+            count += len(item["images"])
+        if device is not None:
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+        if epoch:
+            rates.append(count / wall)
+            cores.append((busy_cores(pids) - cpu) / wall)
+        del iterator
+    return {"img_s": round(statistics.median(rates)), "cores": round(statistics.median(cores), 2)}
+
+
+def gpu_section(args, samples) -> dict:
+    """cache=gpu against cache=ram (module docstring)."""
+    from falconet.data.gpu_cache import fill_store
+    from falconet.data.gpu_loader import GpuLoader
+    from falconet.data.loader import stop_workers
+
+    device = torch.device("cuda")
+    unique = list({s.image_id: s for s in samples}.values())
+    start = time.perf_counter()
+    filled = fill_store(unique, args.imgsz, device)
+    torch.cuda.synchronize(device)
+    fill_s = time.perf_counter() - start
+    ram = DetectionDataset(unique, args.imgsz, cache="ram")
+    diffs = []
+    for i, image in enumerate(ram._ram):
+        h, w = image.shape[:2]
+        stored = filled.store.pixels[i, :h, :w].cpu().numpy().astype(int)
+        diffs.append(float(np.abs(stored - image.astype(int)).mean()))
+    result: dict = {
+        "images": len(unique),
+        "fill_s": round(fill_s, 2),
+        "fill_img_s": round(len(unique) / fill_s),
+        "nvjpeg": filled.on_gpu,
+        "cpu_decoded": filled.on_cpu,
+        "store_gib": round(filled.store.pixels.numel() / 2**30, 3),
+        "store_vs_ram_mean_abs_levels": round(statistics.mean(diffs), 3),
+        "batches": {},
+    }
+    repeated = filled.samples * args.repeat
+    index = torch.arange(len(filled.samples)).repeat(args.repeat).to(device)
+    from falconet.data.gpu_augment import ImageStore
+
+    store = ImageStore(filled.store.pixels[index], filled.store.shapes * args.repeat)
+    train = DetectionDataset(repeated, args.imgsz, augment=AugmentConfig())
+    cpu_set = DetectionDataset(samples, args.imgsz, augment=AugmentConfig(), cache="ram")
+    for batch in (int(b) for b in args.gpu_batches.split(",")):
+        gpu = timed_epochs(GpuLoader(train, store, batch), args.epochs, device)
+        loader = build_loader(cpu_set, batch, workers=args.gpu_workers, pin_memory=True)
+        cpu = timed_epochs(loader, args.epochs, None)
+        stop_workers(loader)
+        result["batches"][batch] = {"gpu": gpu, f"ram_{args.gpu_workers}_workers": cpu}
+        print(f"batch {batch}: cache=gpu {gpu}; cache=ram, {args.gpu_workers} workers {cpu}")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data")
@@ -82,6 +173,11 @@ def main() -> None:
         "--repeat", type=int, default=4, help="use the training images this many times per epoch"
     )
     parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument("--gpu", action="store_true", help="also cache=gpu (needs CUDA)")
+    parser.add_argument("--gpu-batches", default="16,64")
+    parser.add_argument("--gpu-workers", type=int, default=8)
+    parser.add_argument("--cpu-table", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--out")
     args = parser.parse_args()
 
     split = load_dataset(args.data, splits=("train",)).splits["train"]
@@ -95,6 +191,16 @@ def main() -> None:
         f"machine: {os.cpu_count()} cores; python {platform.python_version()}; "
         f"torch {torch.__version__}; opencv {cv2.__version__}"
     )
+    report: dict = {"torch": torch.__version__, "settings": vars(args)}
+    if args.gpu:
+        report["device"] = torch.cuda.get_device_name()
+        report["gpu"] = gpu_section(args, samples)
+        print(json.dumps(report["gpu"]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if not args.cpu_table:
+        return
     rates = decode_rates(files)
     print("decode, one thread: " + ", ".join(f"{k} {v:.0f} img/s" for k, v in rates.items()))
     print("\n| cache | " + " | ".join(f"{w} workers" for w in args.workers.split(",")) + " |")

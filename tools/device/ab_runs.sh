@@ -8,7 +8,7 @@
 #   ab_jobs="update:a update:b step:a step:b step:a step:b check:b"
 # Jobs:
 #   update  tools/bench_update.py: the whole step's update, whole and part by part (ab_amp)
-#   step    tools/bench_train.py --measures step at batch 16: ab_step_arms (fp16 and bf16
+#   step    tools/bench_train.py --measures step at step_batches (16): ab_step_arms (fp16 and bf16
 #           whole-step by default)
 #   warm    untimed, the step job's arms once each, all at a time: Inductor's caches on the
 #           machine then hold the compiled (fuse=) arms, which later step jobs load in seconds
@@ -16,8 +16,12 @@
 #           fused arm unless ab_check_args says (e.g. "--fuse fp16 --fuse-mode inductor-loss
 #           --fused-keys bn_silu=triton"); its rc is 1 when the check's verdict is FAIL (a
 #           check_graphs.py that counts updates), and its verdict lines close the output
-#   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-4 of 4, batch 16,
-#           ab_e2e_arms (fp16 whole-step by default)
+#   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-N of e2e_epochs (4),
+#           e2e_batches (16), ab_e2e_arms (fp16 whole-step by default)
+#   overfit tools/bench_train.py --measures overfit (COCO128, train = val, overfit_epochs 30),
+#           overfit_arms (e.g. seeds: "$ws:seed=0,$ws:seed=1")
+#   data    tools/bench_data.py --gpu: cache=gpu's fill and loader rate against cache=ram with
+#           8 workers, at data_batches (16,64)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
 #   ddp     tools/bench_ddp.py: end to end at world size 1 and ddp_gpus, ddp_batches per GPU,
 #           ddp_arms (graph=auto and graph=eager by default); ddp_args adds --kill, --overfit-epochs
@@ -56,7 +60,7 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
       timeout "${update_timeout:-150}" python bench_update.py --data "$data/coco128.yaml" \
         --batch 16 --amp "$amp" --out "$out" ;;
     step)
-      timeout "${step_timeout:-150}" python bench_train.py --data "$data" --batch 16 \
+      timeout "${step_timeout:-150}" python bench_train.py --data "$data" --batch "${step_batches:-16}" \
         --arms "$arms" --repeats 1 \
         --measures step --gpus 0 --timeout "${step_timeout:-150}" --out "$out" ;;
     warm)
@@ -74,8 +78,9 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --amp "${ab_check_amp:-$amp}" --fuse "" --strict --steps 24 ${ab_check_args:-} \
         --out "$out" ;;
     e2e)
-      timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 --batch 16 \
-        --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 --epochs 4 --repeat-data 4 \
+      timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 \
+        --batch "${e2e_batches:-16}" --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 \
+        --epochs "${e2e_epochs:-4}" --repeat-data 4 \
         --measures e2e --gpus 0 --timeout "${e2e_timeout:-200}" --out "$out" ;;
     checkpoint)
       timeout "${checkpoint_timeout:-120}" python bench_checkpoint.py \
@@ -90,6 +95,14 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --gpus "${ddp_gpus:-2}" --batches "${ddp_batches:-16,64}" \
         --arms "${ddp_arms:-graph=auto,graph=eager}" --epochs "${ddp_epochs:-5}" \
         ${ddp_args:-} --out "$out" ;;
+    overfit)
+      timeout "${overfit_timeout:-500}" python bench_train.py --data "$data" --amp fp16 \
+        --arms "${overfit_arms:-$ws:amp_dtype=fp16}" --repeats 1 --measures overfit \
+        --overfit-epochs "${overfit_epochs:-30}" --gpus 0 --timeout "${overfit_timeout:-500}" \
+        --out "$out" ;;
+    data)
+      timeout "${data_timeout:-200}" python bench_data.py "$data/coco128.yaml" --gpu \
+        --gpu-batches "${data_batches:-16,64}" --no-cpu-table --out "$out" ;;
     autobatch)
       timeout "${autobatch_timeout:-400}" python bench_autobatch.py --data "$data" \
         --arms "${autobatch_arms:-batch=-1;batch=0.5}" --graphs "${autobatch_graphs:-auto,eager}" \

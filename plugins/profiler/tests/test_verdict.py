@@ -44,7 +44,7 @@ def sets(verdict):
 def test_dataloader():
     verdict = decide(evidence(loader_wait_fraction=0.45, gpu_busy=0.4), GPU)
     assert verdict["name"] == "dataloader" and "45%" in verdict["reason"]
-    assert sets(verdict) == ["workers=16", "cache=ram"]
+    assert sets(verdict) == ["workers=16", "cache=gpu"]  # on a GPU, augment there
     assert any(a.startswith("host-launch") for a in verdict["also"])  # the idle GPU follows
 
 
@@ -146,7 +146,10 @@ def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
     assert verdict["levers"] == []  # the whole step graphed, memory too full to double the batch
     network_only = decide(evidence(gpu_busy=0.5), Context(graph="cuda-graph"))
     assert sets(network_only)[0] == "graph=whole-step"  # next: the loss and optimizer too
-    assert decide(evidence(loader_wait_fraction=0.3), graphed)["levers"] == []
+    waiting = decide(evidence(loader_wait_fraction=0.3), graphed)
+    assert sets(waiting) == ["cache=gpu"]  # every worker busy: the data moves to the GPU
+    on_gpu = Context(graph="whole-step", workers=16, cpu_count=16, cache="gpu")
+    assert decide(evidence(loader_wait_fraction=0.3), on_gpu)["levers"] == []
     missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
     assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"
 

@@ -205,7 +205,16 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     f"{c.workers} loader workers; this machine has {c.cpu_count} CPUs",
                 )
             )
-        if c.cache == "none":
+        if c.device == "cuda" and c.cache != "gpu":
+            out.append(
+                _lever(
+                    "cache",
+                    "gpu",
+                    "decode once into GPU memory and augment each batch on the GPU: the CPU "
+                    "workers leave the step's path (docs/data.md, its memory cost)",
+                )
+            )
+        elif c.cache == "none":
             out.append(_lever("cache", "ram", "decode each image once instead of every epoch"))
     elif name == "host-launch":
         needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"

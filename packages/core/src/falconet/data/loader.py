@@ -159,7 +159,7 @@ class DetectionDataset(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         sample = self.samples[index]
-        ratio, pad = self.imgsz / max(sample.width, sample.height), (0.0, 0.0)
+        pad = (0.0, 0.0)
         if self.augment is None:
             image, boxes = self.load(index)
             image, _, pad = letterbox(image, self.imgsz)
@@ -175,13 +175,27 @@ class DetectionDataset(torch.utils.data.Dataset):
             )
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image)),  # HWC: see collate
+            **self.item(index, boxes, labels, pad, used_mosaic),
+        }
+
+    def item(
+        self,
+        index: int,
+        boxes: np.ndarray,
+        labels: np.ndarray,
+        pad: tuple[float, float] = (0.0, 0.0),
+        mosaic: bool = False,
+    ) -> dict[str, Any]:
+        """A sample's entry for :func:`collate_targets`: its boxes and what maps them back."""
+        sample = self.samples[index]
+        return {
             "boxes": torch.from_numpy(np.asarray(boxes, np.float32).reshape(-1, 4)),
             "labels": torch.from_numpy(np.asarray(labels, np.int64)),
             "image_id": sample.image_id,
             "orig_size": (sample.height, sample.width),
-            "ratio": ratio,
+            "ratio": self.imgsz / max(sample.width, sample.height),
             "pad": pad,
-            "mosaic": used_mosaic,
+            "mosaic": mosaic,
         }
 
 
@@ -204,6 +218,12 @@ def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     ``images`` is ``[B, 3, S, S]`` uint8 in channels_last memory (a view of the stacked HWC
     arrays): no transpose on the CPU, and the layout the GPU's convolutions want.
     """
+    images = torch.stack([item["image"] for item in items]).permute(0, 3, 1, 2)
+    return {"images": images, **collate_targets(items)}
+
+
+def collate_targets(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Everything :func:`collate` makes but the images."""
     counts = torch.tensor([len(item["labels"]) for item in items], dtype=torch.int64)
     bucket = next_bucket(int(counts.max()) if len(items) else 0)
     boxes = torch.zeros(len(items), bucket, 4)
@@ -212,7 +232,6 @@ def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         boxes[i, : counts[i]] = item["boxes"]
         labels[i, : counts[i]] = item["labels"]
     return {
-        "images": torch.stack([item["image"] for item in items]).permute(0, 3, 1, 2),
         "boxes": boxes,
         "labels": labels,
         "counts": counts,

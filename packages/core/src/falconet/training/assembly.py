@@ -46,7 +46,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.loaders import build_loaders
+from falconet.training.loaders import build_loaders, fill_gpu_cache, train_samples
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
@@ -67,7 +67,7 @@ class Run:
     device: torch.device
     precision: PrecisionBackend
     model: nn.Module
-    train_loader: torch.utils.data.DataLoader
+    train_loader: Any  # a DataLoader, or cache=gpu's GpuLoader (same batches and sampler)
     val_loader: torch.utils.data.DataLoader | None
     accumulate: int
     optimizer: torch.optim.Optimizer
@@ -100,13 +100,14 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
     precision = choose_precision(cfg.amp_dtype, device, plugins)
-    if fraction is not None:
+    gpu_cache = fill_gpu_cache(cfg, dataset, device) if cfg.cache == "gpu" else None
+    if fraction is not None:  # after the GPU cache, whose memory the step cannot have
         cfg = autobatched(plan, plugins, dataset, precision, device, world, fraction)
     model = build_network(plan, len(dataset.names), precision, device)
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
     loss = plan.family.build_loss(model, plugins.assigners.get(cfg.assigner))
-    train_loader, val_loader = build_loaders(cfg, dataset, device, world)
+    train_loader, val_loader = build_loaders(cfg, dataset, device, world, gpu_cache)
     batches = train_loader.batch_sampler.batches_per_epoch
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
     optimizer = build_optimizer(model, cfg, accumulate)
@@ -183,7 +184,7 @@ def autobatched(
     cfg = plan.config
     per_rank = None
     if world.main:
-        train = dataset.splits["train"].samples
+        train = train_samples(cfg, dataset)
         mean_boxes = sum(len(s.labels) for s in train) / max(len(train), 1)
         boxes = box_count(mean_boxes, cfg.mosaic)
 

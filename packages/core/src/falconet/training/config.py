@@ -62,8 +62,10 @@ class TrainConfig(BaseModel):
         description="distributed runs: seconds a collective waits for the other ranks before "
         "the job fails (a dead rank ends the job instead of hanging it)",
     )
-    cache: Literal["none", "ram", "disk"] = Field(
-        "none", description="decoded-image cache: none, ram or disk (in the cache folder)"
+    cache: Literal["none", "ram", "disk", "gpu"] = Field(
+        "none",
+        description="decoded-image cache: none, ram, disk (in the cache folder), or gpu "
+        "(in GPU memory, augmented on the GPU)",
     )
     fraction: float = Field(
         1.0, gt=0, le=1, description="train on this leading fraction of the train split"

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from typing import Any
 
 import torch
 
+from falconet.data.gpu_cache import Filled, fill_store
+from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, build_loader
-from falconet.data.records import Dataset
+from falconet.data.records import Dataset, Sample
 from falconet.data.transforms import AugmentConfig
-from falconet.training.config import TrainConfig
+from falconet.training.config import ConfigError, TrainConfig
 from falconet.training.distributed import ONE_PROCESS, World, per_rank_batch
+
+log = logging.getLogger("falconet.train")
 
 
 def augment_config(cfg: TrainConfig) -> AugmentConfig:
@@ -30,19 +37,67 @@ def worker_count(requested: int) -> int:
     return min(requested, os.cpu_count() or 1)
 
 
-def build_loaders(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
-) -> tuple[torch.utils.data.DataLoader, torch.utils.data.DataLoader | None]:
-    """The training loader (augmented, resumable sampler; in a distributed run this rank's
-    share of every global batch) and the validation loader (this rank's share of the split)."""
+def train_samples(cfg: TrainConfig, dataset: Dataset) -> list[Sample]:
+    """The train split's samples the run trains on (its leading ``fraction``)."""
     train = dataset.splits["train"].samples
     if cfg.fraction < 1:
         train = train[: max(1, round(len(train) * cfg.fraction))]
-    workers = worker_count(cfg.workers)
-    pin = device.type == "cuda"
+    return list(train)
+
+
+def fill_gpu_cache(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> Filled:
+    """``cache=gpu``: the training images decoded into ``device``'s memory
+    (:mod:`falconet.data.gpu_cache`); refused off CUDA."""
+    if device.type != "cuda":
+        raise ConfigError(
+            f"cache=gpu keeps the images in GPU memory and this run is on {device.type}; "
+            "use cache=ram"
+        )
+    start = time.perf_counter()
+    filled = fill_store(train_samples(cfg, dataset), cfg.imgsz, device)
+    log.info(
+        "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)",
+        len(filled.samples),
+        time.perf_counter() - start,
+        filled.on_gpu,
+        filled.on_cpu,
+    )
+    return filled
+
+
+def build_loaders(
+    cfg: TrainConfig,
+    dataset: Dataset,
+    device: torch.device,
+    world: World = ONE_PROCESS,
+    gpu_cache: Filled | None = None,
+) -> tuple[Any, torch.utils.data.DataLoader | None]:
+    """The training loader (augmented, resumable sampler; in a distributed run this rank's
+    share of every global batch) and the validation loader (this rank's share of the split).
+    With ``cache=gpu`` (``gpu_cache``, :func:`fill_gpu_cache`) the training batches are
+    augmented on the GPU (:class:`~falconet.data.gpu_loader.GpuLoader`)."""
     close_from = cfg.epochs - cfg.close_mosaic if cfg.close_mosaic else None
+    per_rank = per_rank_batch(cfg.batch, world)
+    val_loader = build_val_loader(cfg, dataset, device, world) if cfg.val else None
+    if gpu_cache is not None:
+        train_set = DetectionDataset(
+            gpu_cache.samples,
+            cfg.imgsz,
+            augment=augment_config(cfg),
+            seed=cfg.seed,
+            close_mosaic_from=close_from,
+        )
+        loader = GpuLoader(
+            train_set,
+            gpu_cache.store,
+            per_rank,
+            seed=cfg.seed,
+            rank=world.rank,
+            world_size=world.size,
+        )
+        return loader, val_loader
     train_set = DetectionDataset(
-        train,
+        train_samples(cfg, dataset),
         cfg.imgsz,
         augment=augment_config(cfg),
         cache=cfg.cache,
@@ -51,15 +106,14 @@ def build_loaders(
     )
     train_loader = build_loader(
         train_set,
-        per_rank_batch(cfg.batch, world),
-        workers=workers,
+        per_rank,
+        workers=worker_count(cfg.workers),
         shuffle=True,
         seed=cfg.seed,
         rank=world.rank,
         world_size=world.size,
-        pin_memory=pin,
+        pin_memory=device.type == "cuda",
     )
-    val_loader = build_val_loader(cfg, dataset, device, world) if cfg.val else None
     return train_loader, val_loader
 
 
@@ -68,7 +122,8 @@ def build_val_loader(
 ) -> torch.utils.data.DataLoader:
     """Letterboxed val images in order, twice the training batch per step (per rank: each
     rank predicts every ``world.size``-th image, and rank 0 scores them all)."""
-    val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cfg.cache)
+    cache = "ram" if cfg.cache == "gpu" else cfg.cache  # val letterboxes on the CPU workers
+    val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cache)
     return build_loader(
         val_set,
         per_rank_batch(cfg.batch, world) * 2,

@@ -1,0 +1,189 @@
+"""``cache=gpu``: a split's images decoded once into GPU memory, resized to long side ``imgsz``.
+
+The store (:class:`~falconet.data.gpu_augment.ImageStore`) holds every image in a slot of
+``imgsz x imgsz x 3`` bytes, so its size is known before anything is decoded:
+:func:`store_bytes` is logged, and a store that would take more than :data:`STORE_SHARE` of
+the device's free memory is refused with the numbers (``cache=ram`` keeps the images in host
+memory and augments them on the CPU instead).
+
+JPEG files are decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, in
+batches, EXIF orientation applied), everything else, and any JPEG nvJPEG refuses, by the CPU
+decoder the loader always uses (OpenCV); an image neither can decode is left out of the run
+with one counted warning, never a crash. Each image is resized on the device (area averaging
+when shrinking, bilinear when enlarging, as OpenCV's ``INTER_AREA`` and ``INTER_LINEAR`` are
+used on the CPU), to the size :func:`~falconet.data.loader.resized_shape` gives it, so the
+plans of both paths see the same image sizes. The decoders and resamplers are not OpenCV's,
+so a stored image differs from the CPU cache's by a few levels (docs/data.md); the
+augmentation that follows is the CPU path's up to rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from falconet.data.gpu_augment import ImageStore
+from falconet.data.loader import resized_shape
+from falconet.data.records import DataError, Sample
+from falconet.data.transforms import read_image
+
+log = logging.getLogger("falconet.data")
+
+STORE_SHARE = 0.5
+"""The largest share of the device's free memory a store may take: the rest is the step's."""
+
+DECODE_BATCH = 64
+"""JPEG files handed to nvJPEG per call."""
+
+JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+def store_bytes(count: int, size: int) -> int:
+    """Bytes of a store of ``count`` images at long side ``size``."""
+    return count * size * size * 3
+
+
+def check_fits(count: int, size: int, free: int, total: int, where: str) -> None:
+    """Log the store's size; refuse one above :data:`STORE_SHARE` of ``free`` bytes, with the
+    numbers and what to use instead."""
+    need, gib = store_bytes(count, size), 2**30
+    log.info(
+        "cache=gpu: %d images at %d px take %.2f GiB of %s (%.1f GiB free of %.1f GiB)",
+        count,
+        size,
+        need / gib,
+        where,
+        free / gib,
+        total / gib,
+    )
+    if need > STORE_SHARE * free:
+        raise DataError(
+            f"cache=gpu: {count} images at imgsz={size} need {need / gib:.1f} GiB of GPU "
+            f"memory, more than {STORE_SHARE:.0%} of the {free / gib:.1f} GiB free on {where}; "
+            "use cache=ram (images in host memory, augmented by the CPU workers) or a smaller "
+            "imgsz"
+        )
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A filled store, the samples it holds (those that decoded), and how they decoded."""
+
+    store: ImageStore
+    samples: list[Sample]
+    on_gpu: int
+    on_cpu: int
+    left_out: list[str]
+
+
+def fill_store(
+    samples: Sequence[Sample], size: int, device: torch.device, *, threads: int = 8
+) -> Filled:
+    """Decode ``samples`` into a store on ``device`` (module docstring)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        check_fits(len(samples), size, free, total, str(device))
+    pixels = torch.zeros(len(samples), size, size, 3, dtype=torch.uint8, device=device)
+    shapes = [resized_shape(s, size) for s in samples]
+    decoded = [False] * len(samples)
+    on_gpu = (
+        _decode_jpegs_on_gpu(samples, pixels, shapes, decoded, threads)
+        if (device.type == "cuda")
+        else 0
+    )
+    left_out: list[str] = []
+    on_cpu = 0
+    rest = [i for i, done in enumerate(decoded) if not done]
+    with ThreadPoolExecutor(threads) as pool:
+        for i, image in zip(rest, pool.map(_cpu_decode, (samples[i] for i in rest)), strict=True):
+            if image is None:
+                left_out.append(str(samples[i].image))
+                continue
+            _place(pixels, i, torch.from_numpy(image).to(device).permute(2, 0, 1), shapes[i])
+            decoded[i] = True
+            on_cpu += 1
+    kept = [i for i, done in enumerate(decoded) if done]
+    if left_out:
+        log.warning(
+            "cache=gpu: %d image(s) could not be decoded and are left out of training "
+            "(first: %s); run `falconet data check` on the dataset",
+            len(left_out),
+            left_out[0],
+        )
+    if len(kept) < len(samples):
+        pixels = pixels[torch.tensor(kept, device=device)]
+    store = ImageStore(pixels, [shapes[i] for i in kept])
+    return Filled(store, [samples[i] for i in kept], on_gpu, on_cpu, left_out)
+
+
+def _cpu_decode(sample: Sample) -> np.ndarray | None:
+    try:
+        return read_image(str(sample.image))
+    except OSError:
+        return None
+
+
+def _decode_jpegs_on_gpu(
+    samples: Sequence[Sample],
+    pixels: torch.Tensor,
+    shapes: list[tuple[int, int]],
+    decoded: list[bool],
+    threads: int,
+) -> int:
+    """nvJPEG for the JPEG files, in batches; a batch nvJPEG refuses is retried file by file,
+    and a file it refuses alone is left to the CPU decoder."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    jpegs = [i for i, s in enumerate(samples) if s.image.suffix.lower() in JPEG_SUFFIXES]
+    count = 0
+
+    def read(i: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(samples[i].image.read_bytes()), dtype=torch.uint8)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for start in range(0, len(jpegs), DECODE_BATCH):
+            chunk = jpegs[start : start + DECODE_BATCH]
+            data = list(pool.map(read, chunk))
+            try:
+                images = decode_jpeg(
+                    data, mode=ImageReadMode.RGB, device=pixels.device, apply_exif_orientation=True
+                )
+            except RuntimeError:
+                images = [_one_jpeg(d, pixels.device) for d in data]
+            for i, image in zip(chunk, images, strict=True):
+                if image is None:
+                    continue
+                _place(pixels, i, image, shapes[i])
+                decoded[i] = True
+                count += 1
+    return count
+
+
+def _one_jpeg(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
+    except RuntimeError:
+        return None
+
+
+def _place(pixels: torch.Tensor, index: int, image: torch.Tensor, shape: tuple[int, int]) -> None:
+    """``image [3, H, W]`` uint8 resized to ``shape`` into slot ``index`` (top left)."""
+    h, w = shape
+    if tuple(image.shape[1:]) != (h, w):
+        shrink = h * w < image.shape[1] * image.shape[2]
+        resized = F.interpolate(
+            image[None].float(),
+            size=(h, w),
+            mode="area" if shrink else "bilinear",
+            align_corners=None if shrink else False,
+        )
+        image = resized[0].round_().clamp_(0, 255).to(torch.uint8)
+    pixels[index, :h, :w] = image.permute(1, 2, 0)
