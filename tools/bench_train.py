@@ -11,8 +11,9 @@ Per arm and batch size:
 
 * **end to end**: images/s over epochs 2..N, from the wall time between consecutive epoch ends
   (each framework's own loop: loader, step, EMA, checkpoint; validation off), on COCO128
-  repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable; for a
-  falconet graph backend also its captures and their host time over the run (``capture_s``);
+  repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable, and the
+  CPU cores busy over the same epochs (``cpu_cores``: the process's threads and its loader
+  workers, from /proc); for a falconet graph backend also its captures and their host time over the run (``capture_s``);
 * **isolated step** (falconet, Ultralytics): forward + loss + backward + optimizer + EMA on
   one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
@@ -79,6 +80,7 @@ class EpochClock:
 
     def __init__(self) -> None:
         self.ends: list[float] = []
+        self.cpu: list[float] = []  # CPU seconds of the process and its loader workers
 
     def tick(self, *_args, **_kwargs) -> None:
         import torch
@@ -86,11 +88,33 @@ class EpochClock:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
+        self.cpu.append(tree_cpu_seconds())
+
+    def drop_first(self) -> None:
+        """Leave out the first end (a run's start, before its warm-up epoch)."""
+        self.ends, self.cpu = self.ends[1:], self.cpu[1:]
+
+    def cores(self) -> float:
+        """CPU cores busy over epochs 2..N: the training process's threads and its workers."""
+        return (self.cpu[-1] - self.cpu[0]) / (self.ends[-1] - self.ends[0])
 
     def throughput(self, images_per_epoch: int) -> float:
         """images/s over epochs 2..N (the first epoch, with its warm-up, is left out)."""
         span = self.ends[-1] - self.ends[0]
         return images_per_epoch * (len(self.ends) - 1) / span
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds so far of this process (every thread) and of its live child processes."""
+    from bench_data import busy_cores  # tools/ is on the path
+
+    children: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            children += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:  # a thread that ended, or a kernel without the children file
+            pass
+    return busy_cores(children)
 
 
 def median_ms(step, warmup: int = 20, steps: int = 100) -> float:
@@ -224,8 +248,9 @@ def run_falconet(args) -> dict:
         result["save_s"] = saves
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
-        clock.ends = clock.ends[1:]
+        clock.drop_first()
         result["img_s"] = clock.throughput(images)
+        result["cpu_cores"] = round(clock.cores(), 2)
         result["loss_last_epoch"] = trainer.state.logged
         result.update(recordings(trainer))
     else:
@@ -347,9 +372,10 @@ def run_ultralytics(args) -> dict:
         trainer.add_callback("on_train_start", lambda t: clock.tick())
         trainer.add_callback("on_train_epoch_end", lambda t: clock.tick())
         trainer.train()
-        clock.ends = clock.ends[1:]
+        clock.drop_first()
         images = len(trainer.train_loader.dataset)
         result["img_s"] = clock.throughput(images)
+        result["cpu_cores"] = round(clock.cores(), 2)
         losses = trainer.tloss  # a dict in 8.4, a tensor in older releases
         if not isinstance(losses, dict):
             losses = dict(zip(trainer.loss_names, losses.tolist(), strict=False))
@@ -405,9 +431,10 @@ def run_libreyolo(args) -> dict:
             "final_loss": out["final_loss"],
             "evaluator": "libreyolo",
         }
-    clock.ends = clock.ends[1:]
+    clock.drop_first()
     return {
         "img_s": clock.throughput(128 * args.repeat_data),
+        "cpu_cores": round(clock.cores(), 2),
         "loss_last_epoch": out.get("final_loss"),
     }
 
