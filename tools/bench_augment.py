@@ -4,7 +4,7 @@
 * mosaic warp: the whole ``2 size`` canvas filled and pasted, then warped, against
   :func:`falconet.data.transforms.warp_mosaic` (what the loader does), which builds only the
   region the warp samples;
-* HSV: :func:`falconet.data.transforms.augment_hsv` (what the loader does: split into planes,
+* HSV: :func:`falconet.data.transforms.apply_hsv` (what the loader does: split into planes,
   three lookups, merge) against one 3-channel lookup table.
 
     uv run python tools/bench_augment.py .data/coco128/coco128.yaml --samples 300
@@ -20,31 +20,22 @@ import cv2
 import numpy as np
 
 from falconet.data import load_dataset
+from falconet.data.plans import Planner
 from falconet.data.transforms import (
     PAD_VALUE,
     AugmentConfig,
-    affine_matrix,
-    augment_hsv,
+    apply_hsv,
+    hsv_tables,
     mosaic_canvas,
-    mosaic_layout,
     read_image,
     resize_long_side,
     warp_mosaic,
 )
 
 
-def hsv_by_table(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+def hsv_by_table(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
     """The same HSV gains through one 3-channel lookup table (no split and merge)."""
-    gains = rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
-    x = np.arange(256, dtype=np.float32)
-    table = np.stack(
-        [
-            ((x * gains[0]) % 180).astype(np.uint8),
-            np.clip(x * gains[1], 0, 255).astype(np.uint8),
-            np.clip(x * gains[2], 0, 255).astype(np.uint8),
-        ],
-        axis=-1,
-    ).reshape(256, 1, 3)
+    table = np.ascontiguousarray(hsv_tables(gains).T).reshape(256, 1, 3)
     return cv2.cvtColor(cv2.LUT(cv2.cvtColor(image, cv2.COLOR_RGB2HSV), table), cv2.COLOR_HSV2RGB)
 
 
@@ -66,11 +57,12 @@ def main() -> None:
     cached = [resize_long_side(read_image(str(s.image)), args.imgsz) for s in split.samples]
     cfg, size = AugmentConfig(), args.imgsz
     times: dict[str, list[float]] = {k: [] for k in ("canvas", "region", "planes", "table")}
-    rng = np.random.default_rng(0)
+    shapes = [im.shape[:2] for im in cached]
+    planner = Planner(split.samples, size=size, cfg=cfg, seed=0, shape=shapes.__getitem__)
     for n in range(args.warmup + args.samples):
-        images = [cached[i] for i in rng.integers(0, len(cached), 4)]
-        layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
-        matrix = affine_matrix(2 * size, 2 * size, size, cfg, rng, flip=bool(n % 2))
+        plan = planner.plan(n, [n % len(cached)]).sample(0)  # mosaic=1: always four tiles
+        images = [cached[tile[0]] for tile in plan.tiles]
+        layout, matrix = plan.layout, plan.matrix
 
         def whole(images=images, layout=layout, matrix=matrix):
             canvas = mosaic_canvas(images, layout, (0, 0, 2 * size, 2 * size))
@@ -83,10 +75,9 @@ def main() -> None:
             ms, out = timed(fn, *fn_args)
             if n >= args.warmup:
                 times[name].append(ms)
-        seed = int(rng.integers(1 << 31))
-        pair = [("planes", augment_hsv), ("table", hsv_by_table)]
+        pair = [("planes", apply_hsv), ("table", hsv_by_table)]
         for name, fn in pair if n % 2 else pair[::-1]:
-            ms, _ = timed(fn, out, cfg, np.random.default_rng(seed))
+            ms, _ = timed(fn, out, plan.gains)
             if n >= args.warmup:
                 times[name].append(ms)
     med = {k: statistics.median(v) for k, v in times.items()}

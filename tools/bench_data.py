@@ -11,7 +11,10 @@ With ``--gpu`` (a CUDA device) it measures ``cache=gpu`` beside ``cache=ram`` wi
 decoded by nvJPEG and on the CPU, GiB), how far its images are from the CPU cache's (mean
 absolute difference in levels), and per batch size the loader's rate, every epoch synchronised
 with the GPU at its end, and the CPU cores the process kept busy meanwhile (process CPU time
-over wall time, loader threads and workers included). ``--out`` writes the results as JSON.
+over wall time, loader threads and workers included); and the render alone, the fused
+Triton kernel against the torch operations it fuses (median ms per batch over 20 batches of
+the same plans, CUDA events, after 3 warm-up renders; the largest and mean difference
+between the two in levels). ``--out`` writes the results as JSON.
 
     uv run python tools/bench_data.py ../shared/data/coco128/coco128.yaml
     python tools/bench_data.py .data/coco128/coco128.yaml --gpu --gpu-batches 16,64 --out d.json
@@ -118,6 +121,43 @@ def timed_epochs(loader, epochs: int, device: torch.device | None) -> dict[str, 
     return {"img_s": round(statistics.median(rates)), "cores": round(statistics.median(cores), 2)}
 
 
+def render_times(loader, batch: int, count: int = 20) -> dict[str, float]:
+    """The render alone, fused kernel against torch reference, on ``count`` batches' plans."""
+    from falconet.data.gpu_augment import render
+
+    keys = iter(loader.batch_sampler)
+    plans = [loader.host_part(next(keys))[0].to(loader.device) for _ in range(count)]
+    size = loader.dataset.imgsz
+    result: dict[str, float] = {}
+    for name, fused in (("fused_ms", True), ("reference_ms", False)):
+        for plan in plans[:3]:
+            render(loader.store, plan, size, fused=fused)
+        times = []
+        for plan in plans:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            render(loader.store, plan, size, fused=fused)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        result[name] = round(statistics.median(times), 3)
+    diff = torch.cat(
+        [
+            (
+                render(loader.store, p, size, fused=True).int()
+                - render(loader.store, p, size, fused=False).int()
+            )
+            .abs()
+            .flatten()
+            for p in plans[:4]
+        ]
+    ).float()
+    result["max_diff"] = diff.max().item()
+    result["mean_diff"] = round(diff.mean().item(), 6)
+    result["fused_img_s"] = round(batch / result["fused_ms"] * 1000)
+    return result
+
+
 def gpu_section(args, samples) -> dict:
     """cache=gpu against cache=ram (module docstring)."""
     from falconet.data.gpu_cache import fill_store
@@ -158,8 +198,16 @@ def gpu_section(args, samples) -> dict:
         loader = build_loader(cpu_set, batch, workers=args.gpu_workers, pin_memory=True)
         cpu = timed_epochs(loader, args.epochs, None)
         stop_workers(loader)
-        result["batches"][batch] = {"gpu": gpu, f"ram_{args.gpu_workers}_workers": cpu}
-        print(f"batch {batch}: cache=gpu {gpu}; cache=ram, {args.gpu_workers} workers {cpu}")
+        rendered = render_times(GpuLoader(train, store, batch), batch)
+        result["batches"][batch] = {
+            "gpu": gpu,
+            f"ram_{args.gpu_workers}_workers": cpu,
+            "render": rendered,
+        }
+        print(
+            f"batch {batch}: cache=gpu {gpu}; cache=ram, {args.gpu_workers} workers {cpu}; "
+            f"render {rendered}"
+        )
     return result
 
 

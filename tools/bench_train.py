@@ -13,7 +13,8 @@ Per arm and batch size:
   (each framework's own loop: loader, step, EMA, checkpoint; validation off), on COCO128
   repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable, and the
   CPU cores busy over the same epochs (``cpu_cores``: the process's threads and its loader
-  workers, from /proc); for a falconet graph backend also its captures and their host time over the run (``capture_s``);
+  workers, from /proc); for a falconet graph backend also its captures and their host time
+  over the run (``capture_s``);
 * **isolated step** (falconet, Ultralytics): forward + loss + backward + optimizer + EMA on
   one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
@@ -34,6 +35,7 @@ medians with the ratio to Ultralytics and writes every raw result to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -110,10 +112,8 @@ def tree_cpu_seconds() -> float:
 
     children: list[int] = []
     for task in Path("/proc/self/task").iterdir():
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended, or no children file
             children += [int(pid) for pid in (task / "children").read_text().split()]
-        except OSError:  # a thread that ended, or a kernel without the children file
-            pass
     return busy_cores(children)
 
 

@@ -10,11 +10,30 @@ import pytest
 from falconet.data.transforms import (
     PAD_VALUE,
     AugmentConfig,
-    affine_matrix,
+    MosaicLayout,
+    affine_matrices,
     mosaic_canvas,
-    mosaic_layout,
+    mosaic_placements,
     warp_mosaic,
 )
+
+
+def random_mosaic(
+    images: list[np.ndarray], size: int, cfg: AugmentConfig, rng: np.random.Generator, flip: bool
+) -> tuple[MosaicLayout, np.ndarray]:
+    """A layout of ``images`` around a random centre and a random affine of its canvas."""
+    shapes = np.array([[im.shape[:2] for im in images]])
+    centre = rng.uniform(size * 0.5, size * 1.5, (1, 2)).astype(np.int64)
+    layout = MosaicLayout(size, tuple(map(tuple, mosaic_placements(shapes, centre, size)[0])))
+    matrix = affine_matrices(
+        np.array([2 * size]),
+        size,
+        rng.uniform(-cfg.degrees, cfg.degrees, 1),
+        rng.uniform(1 - cfg.scale, 1 + cfg.scale, 1),
+        rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate, (1, 2)) * size,
+        np.array([flip]),
+    )[0]
+    return layout, matrix
 
 
 def tiles(rng: np.random.Generator, size: int) -> list[np.ndarray]:
@@ -36,8 +55,7 @@ def test_warping_the_sampled_region_equals_warping_the_whole_canvas(degrees):
     for seed in range(60):
         rng = np.random.default_rng(seed)
         images = tiles(rng, size)
-        layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
-        matrix = affine_matrix(2 * size, 2 * size, size, cfg, rng, flip=bool(seed % 2))
+        layout, matrix = random_mosaic(images, size, cfg, rng, flip=bool(seed % 2))
         whole = cv2.warpAffine(
             mosaic_canvas(images, layout, (0, 0, 2 * size, 2 * size)),
             matrix[:2],
@@ -55,6 +73,6 @@ def test_an_output_that_sees_no_canvas_is_grey():
     size = 64
     rng = np.random.default_rng(0)
     images = tiles(rng, size)
-    layout = mosaic_layout([im.shape[:2] for im in images], size, rng)
+    layout, _ = random_mosaic(images, size, AugmentConfig(), rng, flip=False)
     far = np.array([[1, 0, 10 * size], [0, 1, 10 * size], [0, 0, 1]], np.float64)
     assert (warp_mosaic(images, layout, far) == PAD_VALUE).all()

@@ -23,18 +23,14 @@ the OpenCV path directly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from falconet.data.plans import AugmentPlan
-from falconet.data.transforms import PAD_VALUE, hsv_tables
-
-TILES = 4
-"""Tiles per canvas: a mosaic's four images (a letterboxed image uses the first)."""
+from falconet.data import gpu_render
+from falconet.data.plans import TILES, BatchPlan
+from falconet.data.transforms import PAD_VALUE
 
 
 @dataclass(frozen=True)
@@ -61,8 +57,8 @@ class ImageStore:
 class PlanTensors:
     """A batch of plans as device tensors (made on the host, copied in one go each).
 
-    ``tiles [B, 4, 7]`` int64 (:data:`falconet.data.plans.Tile`, image ``-1`` where a canvas
-    has fewer than four), ``inverse [B, 2, 3]`` float32 (output to canvas pixels) and
+    ``tiles [B, 4, 7]`` int64 (:class:`falconet.data.plans.BatchPlan`'s, image ``-1`` where a
+    canvas has fewer than four), ``inverse [B, 2, 3]`` float32 (output to canvas pixels) and
     ``tables [B, 3, 256]`` uint8 (hue, saturation and value lookup tables)."""
 
     tiles: torch.Tensor
@@ -70,28 +66,44 @@ class PlanTensors:
     tables: torch.Tensor
 
     @classmethod
-    def from_plans(cls, plans: Sequence[AugmentPlan], device: torch.device) -> PlanTensors:
-        tiles = np.full((len(plans), TILES, 7), -1, np.int64)
-        tiles[:, :, 1:] = 0
-        inverse = np.empty((len(plans), 2, 3), np.float32)
-        tables = np.empty((len(plans), 3, 256), np.uint8)
-        for b, plan in enumerate(plans):
-            tiles[b, : len(plan.tiles)] = plan.tiles
-            inverse[b] = np.linalg.inv(plan.matrix)[:2]
-            tables[b] = hsv_tables(plan.gains)
-        pin = device.type == "cuda"
+    def from_plan(cls, plan: BatchPlan, *, pin: bool = False) -> PlanTensors:
+        """The plan's tensors on the host (in pinned memory with ``pin``)."""
+        tiles = torch.from_numpy(plan.tiles)
+        inverse = torch.from_numpy(plan.inverse())
+        tables = torch.from_numpy(plan.tables())
+        if pin:
+            tiles, inverse, tables = tiles.pin_memory(), inverse.pin_memory(), tables.pin_memory()
+        return cls(tiles, inverse, tables)
 
-        def moved(array: np.ndarray) -> torch.Tensor:
-            host = torch.from_numpy(array)
-            return (host.pin_memory() if pin else host).to(device, non_blocking=pin)
+    def to(self, device: torch.device) -> PlanTensors:
+        """On ``device``, copied without waiting where the host side is pinned."""
+        return PlanTensors(
+            *(
+                t.to(device, non_blocking=t.is_pinned())
+                for t in (self.tiles, self.inverse, self.tables)
+            )
+        )
 
-        return cls(moved(tiles), moved(inverse), moved(tables))
 
-
-def render(store: ImageStore, plans: PlanTensors, size: int) -> torch.Tensor:
-    """The batch's augmented images, ``[B, 3, size, size]`` uint8 in channels_last memory."""
+def render(
+    store: ImageStore, plans: PlanTensors, size: int, *, fused: bool | None = None
+) -> torch.Tensor:
+    """The batch's augmented images, ``[B, 3, size, size]`` uint8 in channels_last memory:
+    on a GPU by the fused kernel (:mod:`falconet.data.gpu_render`, where Triton is there;
+    ``fused=False`` asks for the reference below), elsewhere by the torch operations here."""
+    if fused is None:
+        fused = gpu_render.available(store.pixels.device)
+    if fused:
+        return gpu_render.render_fused(
+            store.pixels, plans.tiles, plans.inverse, plans.tables, size, PAD_VALUE
+        )
     warped = warp(store, plans, size)  # [B, 3, S, S] float, rounded to levels
     return colour(warped, plans.tables).contiguous(memory_format=torch.channels_last)
+
+
+def half_up(x: torch.Tensor) -> torch.Tensor:
+    """Rounded half up, as OpenCV's fixed point rounds (and the fused kernel)."""
+    return torch.floor(x + 0.5)
 
 
 def warp(store: ImageStore, plans: PlanTensors, size: int) -> torch.Tensor:
@@ -126,7 +138,7 @@ def warp(store: ImageStore, plans: PlanTensors, size: int) -> torch.Tensor:
         grid = torch.stack((canvas_x - shift_x, canvas_y - shift_y), -1) * (2 / (slot - 1)) - 1
         total += F.grid_sample(masked, grid, "bilinear", "zeros", align_corners=True)
     rgb, coverage = total[:, :3], total[:, 3:]
-    return (rgb + PAD_VALUE * (1 - coverage)).round_().clamp_(0, 255)
+    return half_up(rgb + PAD_VALUE * (1 - coverage)).clamp_(0, 255)
 
 
 def colour(rgb: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -150,7 +162,7 @@ def rgb_to_hsv8(rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     val = torch.maximum(torch.maximum(r, g), b)
     low = torch.minimum(torch.minimum(r, g), b)
     diff = val - low
-    sat = torch.where(val > 0, diff * 255 / val.clamp(min=1), 0).round()
+    sat = half_up(torch.where(val > 0, diff * 255 / val.clamp(min=1), 0))
     safe = diff.clamp(min=1)
     hue = torch.where(
         val == r,
@@ -159,7 +171,7 @@ def rgb_to_hsv8(rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     )
     hue = torch.where(diff > 0, hue, 0)
     hue = torch.where(hue < 0, hue + 360, hue)
-    hue = (hue / 2).round()
+    hue = half_up(hue / 2)
     return hue.remainder(180), sat, val
 
 
@@ -189,4 +201,4 @@ def hsv8_to_rgb(hue: torch.Tensor, sat: torch.Tensor, val: torch.Tensor) -> torc
         r = torch.where(here, cr, r)
         g = torch.where(here, cg, g)
         b = torch.where(here, cb, b)
-    return torch.stack((r, g, b), 1).round_().clamp_(0, 255).to(torch.uint8)
+    return half_up(torch.stack((r, g, b), 1)).clamp_(0, 255).to(torch.uint8)

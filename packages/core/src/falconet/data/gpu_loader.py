@@ -5,9 +5,10 @@ same sampler (:class:`~falconet.data.loader.EpochBatchSampler`: the same batches
 shares of a distributed run, and mid-epoch resume), with the images already on the device:
 ``[B, 3, S, S]`` uint8, channels_last. Per batch:
 
-* a host thread draws the plans (:mod:`falconet.data.plans`: the draws, the boxes through the
-  warp, the lookup tables) and collates the padded targets, one batch ahead of the loop; it
-  touches no CUDA stream (a copy it enqueued could meet a graph capture on the loop's thread);
+* a host thread draws the batch's plan (:mod:`falconet.data.plans`: the draws, the boxes
+  through the warp, the lookup tables, for the whole batch in numpy) and pads the targets,
+  one batch ahead of the loop, into pinned memory; it touches no CUDA stream (a copy it
+  enqueued could meet a graph capture on the loop's thread);
 * the loop's thread copies the plans to the device (pinned, asynchronous) and renders the
   images there (:func:`falconet.data.gpu_augment.render`): a few dozen kernels, no host sync.
 
@@ -21,14 +22,16 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 from falconet.data.gpu_augment import ImageStore, PlanTensors, render
 from falconet.data.loader import (
     DetectionDataset,
     EpochBatchSampler,
     EpochSampler,
-    collate_targets,
+    batch_meta,
+    padded_targets,
 )
-from falconet.data.plans import AugmentPlan
 
 
 class GpuLoader:
@@ -63,22 +66,32 @@ class GpuLoader:
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
-    def host_part(self, keys: list[tuple[int, int]]) -> tuple[list[AugmentPlan], dict[str, Any]]:
-        """The plans and collated targets of one batch of ``(epoch, index)`` keys."""
-        plans = [self.dataset.plan(epoch, index, self.store.shape) for epoch, index in keys]
-        items = [
-            self.dataset.item(index, plan.boxes, plan.labels, mosaic=plan.mosaic)
-            for (_, index), plan in zip(keys, plans, strict=True)
-        ]
-        targets = collate_targets(items)
-        if self.device.type == "cuda":
+    def host_part(self, keys: list[tuple[int, int]]) -> tuple[PlanTensors, dict[str, Any]]:
+        """The plan and the padded targets of one batch of ``(epoch, index)`` keys, on the
+        host (pinned when the store is on a GPU)."""
+        indices = [index for _, index in keys]
+        plan = self.dataset.plan(keys[0][0], indices)  # a batch never mixes epochs
+        targets = {
+            **padded_targets(
+                torch.from_numpy(plan.boxes),
+                torch.from_numpy(plan.labels),
+                torch.from_numpy(plan.counts),
+            ),
+            **batch_meta(
+                [self.dataset.samples[i] for i in indices],
+                self.dataset.imgsz,
+                torch.from_numpy(plan.mosaic),
+            ),
+        }
+        pin = self.device.type == "cuda"
+        if pin:
             targets = {k: v.pin_memory() for k, v in targets.items()}
-        return plans, targets
+        return PlanTensors.from_plan(plan, pin=pin), targets
 
-    def device_part(self, plans: list[AugmentPlan], targets: dict[str, Any]) -> dict[str, Any]:
+    def device_part(self, plan: PlanTensors, targets: dict[str, Any]) -> dict[str, Any]:
         """The batch with its images rendered on the device."""
-        tensors = PlanTensors.from_plans(plans, self.device)
-        return {"images": render(self.store, tensors, self.dataset.imgsz), **targets}
+        plan = plan.to(self.device)
+        return {"images": render(self.store, plan, self.dataset.imgsz), **targets}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         keys = iter(self.batch_sampler)
@@ -88,7 +101,7 @@ class GpuLoader:
             if first is not None:
                 ahead = pool.submit(self.host_part, first)
             while ahead is not None:
-                plans, targets = ahead.result()
+                plan, targets = ahead.result()
                 following = next(keys, None)
                 ahead = None if following is None else pool.submit(self.host_part, following)
-                yield self.device_part(plans, targets)
+                yield self.device_part(plan, targets)

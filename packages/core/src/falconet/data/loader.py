@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 import torch
 
-from falconet.data.plans import AugmentPlan, Shape, plan_sample
+from falconet.data.plans import AugmentPlan, BatchPlan, Planner
 from falconet.data.records import Sample
 from falconet.data.targets import box_rows
 from falconet.data.transforms import (
@@ -77,6 +77,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         self.cache = cache
         self._ram: list[np.ndarray] | None = None
         self._disk: Path | None = None
+        self._planner: Planner | None = None  # made at the first plan, in the worker using it
         if cache == "disk":
             self._disk = cache_dir("images", f"{imgsz}")
         if cache in ("ram", "disk"):
@@ -123,20 +124,14 @@ class DetectionDataset(torch.utils.data.Dataset):
             return self._ram[index].shape[:2]
         return resized_shape(self.samples[index], self.imgsz)
 
-    def plan(self, epoch: int, index: int, shape: Shape | None = None) -> AugmentPlan:
-        """The augmentation of ``index`` in ``epoch`` (:mod:`falconet.data.plans`), the
-        images' sizes from ``shape`` (this dataset's own by default)."""
+    def plan(self, epoch: int, indices: Sequence[int]) -> BatchPlan:
+        """The augmentation of samples ``indices`` in ``epoch`` (:mod:`falconet.data.plans`)."""
+        if self._planner is None:
+            self._planner = Planner(
+                self.samples, size=self.imgsz, cfg=self.augment, seed=self.seed, shape=self.shape
+            )
         mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
-        return plan_sample(
-            self.samples,
-            index,
-            epoch,
-            size=self.imgsz,
-            cfg=self.augment,
-            seed=self.seed,
-            shape=shape or self.shape,
-            mosaic_on=mosaic_on,
-        )
+        return self._planner.plan(epoch, indices, mosaic_on=mosaic_on)
 
     def render(self, plan: AugmentPlan, loaded: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """The plan's output image on the CPU (OpenCV): the canvas warped, then HSV
@@ -166,7 +161,7 @@ class DetectionDataset(torch.utils.data.Dataset):
             boxes = boxes + np.array([*pad, *pad], np.float32)
             labels, used_mosaic = sample.labels, False
         else:
-            plan = self.plan(epoch, index)
+            plan = self.plan(epoch, [index]).sample(0)
             image, boxes, labels, used_mosaic = (
                 self.render(plan),
                 plan.boxes,
@@ -199,6 +194,22 @@ class DetectionDataset(torch.utils.data.Dataset):
         }
 
 
+def batch_meta(
+    samples: Sequence[Sample], imgsz: int, mosaic: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """What :func:`collate_targets` makes beside the boxes for augmented ``samples`` (no
+    letterbox pad: the warp places them), in one go."""
+    return {
+        "image_ids": torch.tensor([s.image_id for s in samples], dtype=torch.int64),
+        "orig_sizes": torch.tensor([(s.height, s.width) for s in samples], dtype=torch.int64),
+        "ratios": torch.tensor(
+            [imgsz / max(s.width, s.height) for s in samples], dtype=torch.float64
+        ),
+        "pads": torch.zeros(len(samples), 2, dtype=torch.float64),
+        "mosaic": mosaic,
+    }
+
+
 def resized_shape(sample: Sample, size: int) -> tuple[int, int]:
     """``(height, width)`` of ``sample`` resized to long side ``size``, as
     :func:`~falconet.data.transforms.resize_long_side` makes it."""
@@ -225,22 +236,38 @@ def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 def collate_targets(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Everything :func:`collate` makes but the images."""
     counts = torch.tensor([len(item["labels"]) for item in items], dtype=torch.int64)
-    bucket = next_bucket(int(counts.max()) if len(items) else 0)
-    boxes = torch.zeros(len(items), bucket, 4)
-    labels = torch.zeros(len(items), bucket, dtype=torch.int64)
-    for i, item in enumerate(items):
-        boxes[i, : counts[i]] = item["boxes"]
-        labels[i, : counts[i]] = item["labels"]
     return {
-        "boxes": boxes,
-        "labels": labels,
-        "counts": counts,
-        **dict(zip(("box_images", "box_slots"), box_rows(counts), strict=True)),
+        **padded_targets(
+            torch.cat([item["boxes"] for item in items]) if items else torch.zeros(0, 4),
+            torch.cat([item["labels"] for item in items]) if items else torch.zeros(0),
+            counts,
+        ),
         "image_ids": torch.tensor([item["image_id"] for item in items], dtype=torch.int64),
         "orig_sizes": torch.tensor([item["orig_size"] for item in items], dtype=torch.int64),
         "ratios": torch.tensor([item["ratio"] for item in items], dtype=torch.float64),
         "pads": torch.tensor([item["pad"] for item in items], dtype=torch.float64),
         "mosaic": torch.tensor([item["mosaic"] for item in items]),
+    }
+
+
+def padded_targets(
+    boxes: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """A batch's boxes ``[n, 4]`` and labels ``[n]`` (image after image, ``counts [B]`` each)
+    as :func:`collate`'s padded ``boxes``/``labels`` and their rows."""
+    bucket = next_bucket(int(counts.max()) if len(counts) else 0)
+    box_images, box_slots = box_rows(counts)
+    real = slice(0, len(boxes))
+    padded_boxes = torch.zeros(len(counts), bucket, 4)
+    padded_labels = torch.zeros(len(counts), bucket, dtype=torch.int64)
+    padded_boxes[box_images[real], box_slots[real]] = boxes.float()
+    padded_labels[box_images[real], box_slots[real]] = labels.long()
+    return {
+        "boxes": padded_boxes,
+        "labels": padded_labels,
+        "counts": counts,
+        "box_images": box_images,
+        "box_slots": box_slots,
     }
 
 

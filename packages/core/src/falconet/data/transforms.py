@@ -1,8 +1,9 @@
 """Image and box transforms on numpy arrays: letterbox, mosaic, random affine (with flip), HSV.
 
 Images are ``[H, W, 3]`` uint8 RGB; boxes ``[n, 4]`` xyxy in pixels of that image, float32.
-Every random choice comes from the ``rng`` passed in, so one seed gives one result whatever
-process or worker runs it. OpenCV does the pixel work (resize, warp, colour LUTs): measured
+The geometry (mosaic placements, affine matrices, boxes through them) works on a batch of
+samples at once, as arrays, and draws nothing: :mod:`falconet.data.plans` draws the random
+parameters and hands them in. OpenCV does the pixel work (resize, warp, colour LUTs): measured
 faster than Pillow for decoding here (docs/data.md), and the library YOLO pipelines use.
 """
 
@@ -80,38 +81,25 @@ class MosaicLayout:
     placements: tuple[tuple[int, int, int, int, int, int], ...]
 
 
-def mosaic_layout(
-    shapes: list[tuple[int, int]], size: int, rng: np.random.Generator
-) -> MosaicLayout:
-    """Four images of ``(height, width)`` (long side ``size``) around a random centre of a
-    ``2 size`` canvas (top left, top right, bottom left, bottom right)."""
-    xc, yc = (int(v) for v in rng.uniform(size * 0.5, size * 1.5, 2))
-    placements = []
-    for i, (h, w) in enumerate(shapes):
-        if i == 0:  # top left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-        elif i == 1:  # top right
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * size), yc
-            x1b, y1b = 0, h - (y2a - y1a)
-        elif i == 2:  # bottom left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(yc + h, 2 * size)
-            x1b, y1b = w - (x2a - x1a), 0
-        else:  # bottom right
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * size), min(yc + h, 2 * size)
-            x1b, y1b = 0, 0
-        placements.append((x1a, y1a, x2a, y2a, x1b, y1b))
-    return MosaicLayout(size, tuple(placements))
+def mosaic_placements(shapes: np.ndarray, centres: np.ndarray, size: int) -> np.ndarray:
+    """Where each batch entry's four images go on its ``2 size`` canvas, around its centre.
 
-
-def mosaic_boxes(layout: MosaicLayout, boxes: list[np.ndarray]) -> np.ndarray:
-    """Each image's boxes moved onto the canvas (clipped to it: an image may overhang)."""
-    moved = [
-        box + np.array([x1a - x1b, y1a - y1b] * 2, np.float32)
-        for (x1a, y1a, _, _, x1b, y1b), box in zip(layout.placements, boxes, strict=True)
-    ]
-    out = np.concatenate(moved) if moved else np.zeros((0, 4), np.float32)
-    return np.clip(out, 0, 2 * layout.size)
+    :param shapes: ``[B, 4, 2]`` ``(height, width)`` of the images (long side ``size``), in
+        the order top left, top right, bottom left, bottom right.
+    :param centres: ``[B, 2]`` integer ``(xc, yc)`` in ``[size / 2, 3 size / 2]``.
+    :returns: ``[B, 4, 6]`` int64 :class:`MosaicLayout` placements.
+    """
+    h, w = shapes[..., 0], shapes[..., 1]
+    xc, yc = centres[:, :1], centres[:, 1:]
+    left = np.array([True, False, True, False])
+    top = np.array([True, True, False, False])
+    x1a = np.where(left, np.maximum(xc - w, 0), xc)
+    x2a = np.where(left, xc, np.minimum(xc + w, 2 * size))
+    y1a = np.where(top, np.maximum(yc - h, 0), yc)
+    y2a = np.where(top, yc, np.minimum(yc + h, 2 * size))
+    x1b = np.where(left, w - (x2a - x1a), 0)
+    y1b = np.where(top, h - (y2a - y1a), 0)
+    return np.stack((x1a, y1a, x2a, y2a, x1b, y1b), -1).astype(np.int64)
 
 
 def mosaic_canvas(
@@ -157,93 +145,56 @@ MARGIN = 2
 """Pixels of canvas kept around the sampled region: bilinear reads one neighbour."""
 
 
-def affine_matrix(
-    width: int,
-    height: int,
+def affine_matrices(
+    canvas: np.ndarray,
     size: int,
-    cfg: AugmentConfig,
-    rng: np.random.Generator,
-    *,
-    flip: bool = False,
+    angle: np.ndarray,
+    gain: np.ndarray,
+    shift: np.ndarray,
+    flip: np.ndarray,
 ) -> np.ndarray:
-    """Scale, rotate and translate around the centre of a ``width x height`` input into a
-    ``size x size`` output, mirrored left-right when ``flip``: the ``3 x 3`` matrix."""
-    centre = np.eye(3)
-    centre[0, 2], centre[1, 2] = -width / 2, -height / 2
-    rotate = np.eye(3)
-    angle = rng.uniform(-cfg.degrees, cfg.degrees)
-    gain = rng.uniform(1 - cfg.scale, 1 + cfg.scale)
-    rotate[:2] = cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=gain)
-    shift = np.eye(3)
-    shift[0, 2] = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * size
-    shift[1, 2] = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate) * size
-    matrix = shift @ rotate @ centre
-    if flip:
-        mirror = np.eye(3)
-        mirror[0, 0], mirror[0, 2] = -1, size
-        matrix = mirror @ matrix
+    """Per batch entry: scale by ``gain`` and rotate by ``angle`` degrees (counter-clockwise,
+    as ``cv2.getRotationMatrix2D``) around the centre of its ``canvas x canvas`` input, move
+    that centre to ``shift`` (pixels of the ``size x size`` output), then mirror left-right
+    where ``flip``: ``[B, 3, 3]`` float64, input pixels to output pixels."""
+    radians = np.deg2rad(angle)
+    alpha, beta = gain * np.cos(radians), gain * np.sin(radians)
+    half = np.asarray(canvas, np.float64) / 2
+    matrix = np.zeros((len(alpha), 3, 3))
+    matrix[:, 0, 0], matrix[:, 0, 1] = alpha, beta
+    matrix[:, 1, 0], matrix[:, 1, 1] = -beta, alpha
+    matrix[:, 0, 2] = shift[:, 0] - (alpha + beta) * half
+    matrix[:, 1, 2] = shift[:, 1] + (beta - alpha) * half
+    matrix[:, 2, 2] = 1
+    matrix[flip, 0, :2] *= -1
+    matrix[flip, 0, 2] = size - matrix[flip, 0, 2]
     return matrix
 
 
-def warp_boxes(boxes: np.ndarray, matrix: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes through ``matrix`` (the box around each transformed box), clipped to the output;
-    those that survive (at least 2 px and 10% of their transformed area visible) and their
-    indices in the input."""
-    if not len(boxes):
-        return np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
-    corners = boxes[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 2)  # 4 corners per box
-    corners = np.c_[corners, np.ones(len(corners))] @ matrix[:2].T
-    corners = corners.reshape(-1, 8)
-    xs, ys = corners[:, 0::2], corners[:, 1::2]
-    moved = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], axis=1)
-    full_area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
-    clipped = moved.clip(0, size)
+def warp_boxes(boxes: np.ndarray, matrices: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes through their matrices (``[n, 3, 3]``, one per box: the box around each
+    transformed box), clipped to the ``size`` output; returns the clipped boxes, float32, and
+    which survive (at least 2 px and 10% of their transformed area visible), ``[n]`` bool."""
+    corners = boxes[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 4, 2).astype(np.float64)
+    m = matrices[:, None, :2, :]  # [n, 1, 2, 3], written out: no BLAS threads for 2 x 2 products
+    x, y = corners[..., 0], corners[..., 1]
+    moved = np.stack([m[..., k, 0] * x + m[..., k, 1] * y + m[..., k, 2] for k in (0, 1)], -1)
+    low, high = moved.min(1), moved.max(1)
+    full_area = np.prod(high - low, 1)
+    clipped = np.concatenate((low, high), 1).clip(0, size)
     bw, bh = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
     keep = (bw > 2) & (bh > 2) & (bw * bh > 0.1 * np.maximum(full_area, 1e-9))
-    return clipped[keep].astype(np.float32), np.flatnonzero(keep)
-
-
-def random_affine(
-    image: np.ndarray,
-    boxes: np.ndarray,
-    size: int,
-    cfg: AugmentConfig,
-    rng: np.random.Generator,
-    *,
-    flip: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`affine_matrix` applied to ``image`` and its boxes (the flip folded into the same
-    warp: no extra pass over the pixels). Returns the image, the surviving boxes and their
-    indices in the input."""
-    h, w = image.shape[:2]
-    matrix = affine_matrix(w, h, size, cfg, rng, flip=flip)
-    out = cv2.warpAffine(
-        image, matrix[:2], dsize=(size, size), borderValue=(PAD_VALUE, PAD_VALUE, PAD_VALUE)
-    )
-    return (out, *warp_boxes(boxes, matrix, size))
-
-
-def augment_hsv(image: np.ndarray, cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
-    """Random hue, saturation and value gains, applied through lookup tables."""
-    return apply_hsv(image, hsv_gains(cfg, rng))
-
-
-def hsv_gains(cfg: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
-    """The random ``(hue, saturation, value)`` gains, ``[3]`` float64."""
-    return rng.uniform(-1, 1, 3) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+    return clipped.astype(np.float32), keep
 
 
 def hsv_tables(gains: np.ndarray) -> np.ndarray:
-    """The lookup tables of ``gains``, ``[3, 256]`` uint8: hue wraps at 180 (OpenCV's 8-bit
-    hue), saturation and value are clipped to 255; both truncate."""
+    """The lookup tables of ``gains`` (``[..., 3]`` hue, saturation and value), ``[..., 3,
+    256]`` uint8: hue wraps at 180 (OpenCV's 8-bit hue), saturation and value are clipped to
+    255; both truncate."""
     x = np.arange(256, dtype=np.float32)
-    return np.stack(
-        [
-            ((x * gains[0]) % 180).astype(np.uint8),
-            np.clip(x * gains[1], 0, 255).astype(np.uint8),
-            np.clip(x * gains[2], 0, 255).astype(np.uint8),
-        ]
-    )
+    scaled = np.asarray(gains, np.float64)[..., None] * x  # [..., 3, 256]
+    scaled[..., 0, :] %= 180
+    return np.clip(scaled, 0, 255).astype(np.uint8)
 
 
 def apply_hsv(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
