@@ -28,6 +28,7 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -100,15 +101,30 @@ def busy_cores(pids: list[int]) -> float:
     return total
 
 
-def timed_epochs(loader, epochs: int, device: torch.device | None) -> dict[str, float]:
-    """Median img/s over the epochs after the first, and the median CPU cores busy."""
+def thread_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, summed by thread name."""
+    seconds: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        busy = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        seconds[name] = seconds.get(name, 0.0) + busy
+    return seconds
+
+
+def timed_epochs(loader, epochs: int, device: torch.device | None) -> dict:
+    """Median img/s over the epochs after the first, the median CPU cores busy, and for the
+    last epoch the cores busy by thread name (where the CPU goes)."""
     rates, cores = [], []
     for epoch in range(epochs):
         loader.batch_sampler.set_epoch(epoch)
         start, count = time.perf_counter(), 0
         iterator = iter(loader)
         pids = [w.pid for w in getattr(iterator, "_workers", [])]
-        cpu = busy_cores(pids)
+        cpu, threads = busy_cores(pids), thread_seconds()
         for item in iterator:
             count += len(item["images"])
         if device is not None:
@@ -118,13 +134,20 @@ def timed_epochs(loader, epochs: int, device: torch.device | None) -> dict[str, 
             rates.append(count / wall)
             cores.append((busy_cores(pids) - cpu) / wall)
         del iterator
-    return {"img_s": round(statistics.median(rates)), "cores": round(statistics.median(cores), 2)}
+    after = thread_seconds()
+    by_thread = {k: round((v - threads.get(k, 0.0)) / wall, 2) for k, v in after.items()}
+    return {
+        "img_s": round(statistics.median(rates)),
+        "cores": round(statistics.median(cores), 2),
+        "threads": {k: v for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0.05},
+    }
 
 
 def render_times(loader, batch: int, count: int = 20) -> dict[str, float]:
     """The render alone, fused kernel against torch reference, on ``count`` batches' plans."""
     from falconet.data.gpu_augment import render
 
+    loader.batch_sampler.set_epochs(0, 1000)  # batches enough at any batch size
     keys = iter(loader.batch_sampler)
     plans = [loader.host_part(next(keys))[0].to(loader.device) for _ in range(count)]
     size = loader.dataset.imgsz

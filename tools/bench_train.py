@@ -83,22 +83,32 @@ class EpochClock:
     def __init__(self) -> None:
         self.ends: list[float] = []
         self.cpu: list[float] = []  # CPU seconds of the process and its loader workers
+        self.threads: list[dict[str, float]] = []  # the process's, by thread name
 
     def tick(self, *_args, **_kwargs) -> None:
         import torch
+        from bench_data import thread_seconds  # tools/ is on the path
 
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
         self.cpu.append(tree_cpu_seconds())
+        self.threads.append(thread_seconds())
 
     def drop_first(self) -> None:
         """Leave out the first end (a run's start, before its warm-up epoch)."""
-        self.ends, self.cpu = self.ends[1:], self.cpu[1:]
+        self.ends, self.cpu, self.threads = self.ends[1:], self.cpu[1:], self.threads[1:]
 
     def cores(self) -> float:
         """CPU cores busy over epochs 2..N: the training process's threads and its workers."""
         return (self.cpu[-1] - self.cpu[0]) / (self.ends[-1] - self.ends[0])
+
+    def cores_by_thread(self) -> dict[str, float]:
+        """The process's share of :meth:`cores`, by thread name (more than 0.05 each)."""
+        span = self.ends[-1] - self.ends[0]
+        first, last = self.threads[0], self.threads[-1]
+        busy = {k: round((v - first.get(k, 0.0)) / span, 2) for k, v in last.items()}
+        return {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0.05}
 
     def throughput(self, images_per_epoch: int) -> float:
         """images/s over epochs 2..N (the first epoch, with its warm-up, is left out)."""
@@ -251,6 +261,7 @@ def run_falconet(args) -> dict:
         clock.drop_first()
         result["img_s"] = clock.throughput(images)
         result["cpu_cores"] = round(clock.cores(), 2)
+        result["cpu_cores_by_thread"] = clock.cores_by_thread()
         result["loss_last_epoch"] = trainer.state.logged
         result.update(recordings(trainer))
     else:

@@ -254,18 +254,19 @@ def padded_targets(
     boxes: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """A batch's boxes ``[n, 4]`` and labels ``[n]`` (image after image, ``counts [B]`` each)
-    as :func:`collate`'s padded ``boxes``/``labels`` and their rows."""
+    as :func:`collate`'s padded ``boxes``/``labels`` and their rows (numpy underneath, as
+    :func:`~falconet.data.targets.box_rows` says why)."""
     bucket = next_bucket(int(counts.max()) if len(counts) else 0)
     box_images, box_slots = box_rows(counts)
-    real = slice(0, len(boxes))
-    padded_boxes = torch.zeros(len(counts), bucket, 4)
-    padded_labels = torch.zeros(len(counts), bucket, dtype=torch.int64)
-    padded_boxes[box_images[real], box_slots[real]] = boxes.float()
-    padded_labels[box_images[real], box_slots[real]] = labels.long()
+    rows = box_images[: len(boxes)].numpy(), box_slots[: len(boxes)].numpy()
+    padded_boxes = np.zeros((len(counts), bucket, 4), np.float32)
+    padded_labels = np.zeros((len(counts), bucket), np.int64)
+    padded_boxes[rows] = np.asarray(boxes, np.float32)
+    padded_labels[rows] = np.asarray(labels, np.int64)
     return {
-        "boxes": padded_boxes,
-        "labels": padded_labels,
-        "counts": counts,
+        "boxes": torch.from_numpy(padded_boxes),
+        "labels": torch.from_numpy(padded_labels),
+        "counts": torch.as_tensor(counts, dtype=torch.int64),
         "box_images": box_images,
         "box_slots": box_slots,
     }
