@@ -26,6 +26,38 @@ def test_groups_keep_decay_off_norms_and_biases():
     assert parameter_groups(net, 0.1, decay_all=True)[2]["weight_decay"] == 0.1
 
 
+class _WithBackbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = _net()
+        self.head = nn.Linear(2, 3)
+
+
+def test_a_backbone_trains_at_its_share_of_the_rate():
+    net = _WithBackbone()
+    cfg = build_config(
+        TrainConfig,
+        {
+            "optimizer": "adamw",
+            "lr0": 1e-3,
+            "lrf": 1.0,
+            "warmup_epochs": 0,
+            "backbone_lr_scale": 0.1,
+        },
+    )
+    optimizer = build_optimizer(net, cfg, accumulate=1)
+    Schedule(cfg, steps_per_epoch=10).apply(optimizer, step=5, epoch=0)
+    rates = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            rates[id(param)] = group["lr"]
+    assert [rates[id(p)] for p in net.backbone.parameters()] == pytest.approx([1e-4] * 5)
+    assert [rates[id(p)] for p in net.head.parameters()] == pytest.approx([1e-3] * 2)
+    assert len(rates) == len(list(net.parameters()))  # every parameter in one group
+    # at the default scale the groups are the three of a model without a backbone
+    assert len(build_optimizer(net, build_config(TrainConfig, {}), 1).param_groups) == 3
+
+
 def test_weight_decay_scales_with_the_nominal_batch():
     cfg = build_config(TrainConfig, {"batch": 8, "nbs": 64, "weight_decay": 5e-4})
     optimizer = build_optimizer(_net(), cfg, accumulate=8)

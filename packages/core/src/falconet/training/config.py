@@ -89,6 +89,9 @@ class TrainConfig(BaseModel):
     nesterov: bool = Field(True, description="Nesterov momentum (sgd)")
     weight_decay: float = Field(5e-4, ge=0, description="weight decay, scaled by batch / nbs")
     decay_norm_and_bias: bool = Field(False, description="apply weight decay to norms and biases")
+    backbone_lr_scale: float = Field(
+        1.0, gt=0, le=1, description="lr of the model's `backbone` submodule, as a fraction of lr"
+    )
     warmup_epochs: float = Field(3.0, ge=0, description="linear warm-up length in epochs")
     warmup_momentum: float = Field(0.8, ge=0, lt=1, description="momentum at warm-up start")
     warmup_bias_lr: float = Field(0.1, ge=0, description="bias lr at warm-up start")

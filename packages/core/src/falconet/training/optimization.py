@@ -4,7 +4,9 @@ The schedule is a pure function of the optimizer-step count and the epoch, so re
 needs those two numbers. Parameters fall in three groups, as the YOLO recipes train them:
 weights of convolutions and linear layers (with weight decay), normalisation weights and biases
 (without, unless ``decay_norm_and_bias``); biases warm up from ``warmup_bias_lr`` down, the rest
-from 0 up.
+from 0 up. A model with a ``backbone`` submodule has its parameters in groups of their own when
+``backbone_lr_scale`` is below 1 (the DETR recipes train a backbone at a tenth of the rate):
+every group's rate is the schedule's times its ``lr_scale``.
 """
 
 from __future__ import annotations
@@ -25,32 +27,43 @@ _NORMS = (
 )
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, decay_all: bool) -> list[dict]:
-    """``[weights, norm weights, biases]`` as optimizer groups, each tagged with ``kind``."""
-    weights, norms, biases = [], [], []
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
-                continue
-            if name == "bias":
-                biases.append(param)
-            elif isinstance(module, _NORMS):
-                norms.append(param)
-            else:
-                weights.append(param)
+def parameter_groups(
+    model: nn.Module, weight_decay: float, decay_all: bool, backbone_lr_scale: float = 1.0
+) -> list[dict]:
+    """``[weights, norm weights, biases]`` as optimizer groups, each tagged with ``kind`` and
+    ``lr_scale``; the ``backbone``'s three again at ``backbone_lr_scale`` when it is below 1."""
+    backbone = getattr(model, "backbone", None)
+    split = backbone_lr_scale < 1 and isinstance(backbone, nn.Module)
+    owned = {id(p) for p in backbone.parameters()} if split else set()
     no_decay = weight_decay if decay_all else 0.0
-    return [
-        {"params": weights, "weight_decay": weight_decay, "kind": "weight"},
-        {"params": norms, "weight_decay": no_decay, "kind": "norm"},
-        {"params": biases, "weight_decay": no_decay, "kind": "bias"},
-    ]
+    groups = []
+    for scale, in_backbone in (
+        ((1.0, False), (backbone_lr_scale, True)) if split else ((1.0, False),)
+    ):
+        weights, norms, biases = [], [], []
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                if not param.requires_grad or (id(param) in owned) != in_backbone:
+                    continue
+                if name == "bias":
+                    biases.append(param)
+                elif isinstance(module, _NORMS):
+                    norms.append(param)
+                else:
+                    weights.append(param)
+        groups += [
+            {"params": weights, "weight_decay": weight_decay, "kind": "weight", "lr_scale": scale},
+            {"params": norms, "weight_decay": no_decay, "kind": "norm", "lr_scale": scale},
+            {"params": biases, "weight_decay": no_decay, "kind": "bias", "lr_scale": scale},
+        ]
+    return groups
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, accumulate: int) -> torch.optim.Optimizer:
     """SGD or AdamW over :func:`parameter_groups`; weight decay scales with the batch as the
     nominal-batch recipes do (``batch * accumulate / nbs``)."""
     decay = cfg.weight_decay * cfg.batch * accumulate / cfg.nbs
-    groups = parameter_groups(model, decay, cfg.decay_norm_and_bias)
+    groups = parameter_groups(model, decay, cfg.decay_norm_and_bias, cfg.backbone_lr_scale)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr0, momentum=cfg.momentum, nesterov=cfg.nesterov)
     return torch.optim.AdamW(groups, lr=cfg.lr0, betas=(cfg.momentum, 0.999))
@@ -86,11 +99,12 @@ class Schedule:
             cfg.warmup_bias_lr if cfg.optimizer == "sgd" else min(cfg.warmup_bias_lr, target)
         )
         for group in optimizer.param_groups:
+            scaled = target * group.get("lr_scale", 1.0)
             if warming:
                 start = bias_start if group["kind"] == "bias" else 0.0
-                group["lr"] = start + (target - start) * t
+                group["lr"] = start + (scaled - start) * t
             else:
-                group["lr"] = target
+                group["lr"] = scaled
             momentum = cfg.warmup_momentum + (cfg.momentum - cfg.warmup_momentum) * t
             if "momentum" in group:
                 group["momentum"] = momentum

@@ -1,0 +1,64 @@
+"""A small ResNet-style backbone (basic residual blocks), features at strides 8, 16 and 32.
+Trained from scratch here, like the rest of the model: no pretrained weights are read."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvNorm(nn.Sequential):
+    """Convolution, BatchNorm and (unless ``act=False``) SiLU."""
+
+    def __init__(self, cin: int, cout: int, k: int = 1, stride: int = 1, act: bool = True) -> None:
+        super().__init__(
+            nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.SiLU(inplace=True) if act else nn.Identity(),
+        )
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions and a shortcut (strided 1x1 where the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            ConvNorm(cin, cout, 3, stride), ConvNorm(cout, cout, 3, act=False)
+        )
+        self.shortcut = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else ConvNorm(cin, cout, 1, stride, act=False)
+        )
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.body(x) + self.shortcut(x))
+
+
+class Backbone(nn.Module):
+    """``widths = (stem, stride 8, stride 16, stride 32)`` channels, ``depth`` blocks a stage."""
+
+    def __init__(self, widths: tuple[int, int, int, int], depth: int) -> None:
+        super().__init__()
+        stem, *stages = widths
+        self.stem = nn.Sequential(ConvNorm(3, stem, 3, 2), ConvNorm(stem, stem, 3, 2))
+        blocks, cin = [], stem
+        for cout in stages:
+            blocks.append(
+                nn.Sequential(
+                    BasicBlock(cin, cout, 2), *(BasicBlock(cout, cout) for _ in range(depth - 1))
+                )
+            )
+            cin = cout
+        self.stages = nn.ModuleList(blocks)
+        self.channels = tuple(stages)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        x = self.stem(x)
+        features = []
+        for stage in self.stages:
+            x = stage(x)
+            features.append(x)
+        return features

@@ -1,0 +1,103 @@
+"""The ``detr`` family: what falconet needs to train, evaluate and save an RT-DETR-style model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from falconet.interfaces import Assigner
+
+
+class DetrFamily:
+    """RT-DETR-style detectors: ``detr-n``, ``detr-s`` (docs/models.md has their sizes)."""
+
+    name = "detr"
+    summary = "RT-DETR-style: hybrid encoder, deformable decoder, denoising (falconet-detr)"
+    models = ("detr-n", "detr-s")
+
+    def build_model(self, model: str, num_classes: int):  # -> DetrNet
+        from falconet_detr.network import SCALES, DetrNet
+
+        if model not in SCALES:
+            raise ValueError(f"model={model}: the detr family has {', '.join(SCALES)}")
+        return DetrNet(SCALES[model], num_classes)
+
+    def build_loss(self, model: Any, assigner: Assigner):  # -> DetrLoss
+        from falconet_detr.loss import DetrLoss
+
+        return DetrLoss(model, assigner)
+
+    def default_recipe(self, model: str) -> Mapping[str, Any]:
+        """RT-DETR's recipe where falconet has the key (docs/models.md): AdamW at 1e-4 with
+        the backbone at a tenth, constant after warm-up, gradients clipped at 0.1, EMA, no
+        mosaic (its random canvases hurt the set prediction's sense of object sizes less than
+        they slow its convergence from scratch; a key like any other)."""
+        return {
+            "optimizer": "adamw",
+            "momentum": 0.9,
+            "lr0": 1e-4,
+            "lrf": 1.0,
+            "backbone_lr_scale": 0.1,
+            "schedule": "linear",
+            "warmup_epochs": 2.0,
+            "warmup_bias_lr": 0.0,
+            "weight_decay": 1e-4,
+            "decay_norm_and_bias": False,
+            "clip_grad": 0.1,
+            "ema": True,
+            "ema_decay": 0.9999,
+            "mosaic": 0.0,
+            "close_mosaic": 0,
+            "imgsz": 640,
+            "nbs": 16,
+            "amp_dtype": "auto",
+            "assigner": "hungarian",
+        }
+
+    def static_loss(self, assigner: str) -> bool:
+        """Never: the matching runs on the CPU (one host round trip a step), so a backend
+        capturing the whole step declines and the network alone is captured."""
+        return False
+
+    def capture_region(self, model: Any):
+        """The whole network: static shapes for a fixed input size (a fixed query count, the
+        denoising pass runs in the loss), nothing read back to the host."""
+        return model
+
+    def postprocess(
+        self,
+        outputs: Any,
+        image_sizes: Sequence[tuple[int, int]],
+        *,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        max_det: int = 300,
+        multi_label: bool = False,
+    ) -> list[dict]:
+        """The ``max_det`` best (query, class) pairs per image above ``conf``: a set
+        prediction needs no NMS (``iou`` is unused); every class of a query may score
+        (``multi_label`` is what this always does)."""
+        import torch
+
+        from falconet_detr.boxes import cxcywh_to_xyxy
+
+        logits, boxes = outputs
+        scores = logits.float().sigmoid().flatten(1)  # [B, Q * C]
+        classes = logits.shape[-1]
+        keep = min(max_det, scores.shape[1])
+        top, index = scores.topk(keep, 1)
+        detections = []
+        for b, (h, w) in enumerate(image_sizes):
+            query = index[b] // classes
+            chosen = cxcywh_to_xyxy(boxes[b, query].float()) * torch.tensor(
+                [w, h, w, h], dtype=torch.float32, device=boxes.device
+            )
+            above = top[b] > conf
+            detections.append(
+                {
+                    "boxes": chosen[above],
+                    "scores": top[b][above],
+                    "labels": (index[b] % classes)[above],
+                }
+            )
+        return detections

@@ -1,0 +1,110 @@
+"""The DETR loss: varifocal classification, L1 and GIoU boxes, on every decoder layer, on the
+encoder's proposals and on the denoising queries.
+
+One matching per step. The ``hungarian`` assigner (falconet-detect's, through the registry)
+matches the last decoder layer's queries to the boxes, and that matching serves every layer
+and the proposals too: decoder query ``i`` started from proposal ``i`` and is refined layer
+by layer, so they are one query seen at several depths. RT-DETR matches each layer anew; that
+costs a host round trip per layer (the solver runs on the CPU), and this loss makes one per
+step: the cost matrices of the last layer, with the counts, copied to the host once. The
+denoising queries need no matching (each knows its target).
+
+Every term is a sum over queries divided by the global batch's box count (summed over the
+ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does); it runs in
+float32 outside autocast whatever precision the network ran in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+from falconet import ops
+from falconet.data.targets import Targets
+from falconet.interfaces import Assigner, Predictions
+from falconet_detr.boxes import cxcywh_to_xyxy, iou_and_giou, xyxy_to_cxcywh
+from falconet_detr.denoising import denoising_queries
+from falconet_detr.network import DetrNet, DetrOutputs
+
+WEIGHTS = {"vfl": 1.0, "l1": 5.0, "giou": 2.0}
+ALPHA, GAMMA = 0.75, 2.0
+DENOISING_GROUPS = 5
+
+
+class DetrLoss:
+    """``loss(outputs, targets) -> (total [], {"vfl", "l1", "giou"})`` (module docstring)."""
+
+    def __init__(
+        self,
+        model: DetrNet,
+        assigner: Assigner,
+        weights: Mapping[str, float] | None = None,
+        groups: int = DENOISING_GROUPS,
+    ) -> None:
+        self.model, self.assigner, self.groups = model, assigner, groups
+        self.weights = dict(WEIGHTS, **(weights or {}))
+
+    def __call__(
+        self, outputs: DetrOutputs, targets: Targets
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        with torch.autocast(outputs.scale.device.type, enabled=False):
+            return self._loss(outputs, targets)
+
+    def _loss(self, outputs: DetrOutputs, targets: Targets):
+        scale = outputs.scale
+        logits, boxes = outputs.logits.float(), outputs.boxes.float()
+        queries = logits.shape[2]
+        predictions = Predictions(
+            logits[-1].detach().sigmoid(),
+            cxcywh_to_xyxy(boxes[-1].detach()) * scale,
+            # queries have no spatial anchor: the image's centre, so the assigner's image extent
+            # (twice the largest anchor coordinate) is the input's long side
+            (scale[:2].max() / 2).expand(queries, 2),
+            torch.ones(queries, 1, device=scale.device),
+        )
+        matched = self.assigner(predictions, targets)  # the step's one host round trip
+        labels, foreground = matched.labels, matched.foreground
+        target_boxes = xyxy_to_cxcywh(matched.boxes / scale)
+        everything = torch.ones_like(foreground)
+        norm = ops.rank_sum(targets.counts.sum().float()).clamp(min=1.0)
+        if (ranks := ops.world_size()) > 1:
+            norm = norm / ranks
+        terms = []
+        for layer_logits, layer_boxes in (
+            *zip(logits, boxes, strict=True),
+            (outputs.enc_logits.float(), outputs.enc_boxes.float()),
+        ):
+            terms.append(
+                self._terms(layer_logits, layer_boxes, labels, target_boxes, foreground, everything)
+            )
+        dn = denoising_queries(targets, scale, logits.shape[-1], self.groups)
+        dn_logits, dn_boxes = self.model.denoise(outputs.levels, dn)
+        for layer_logits, layer_boxes in zip(dn_logits.float(), dn_boxes.float(), strict=True):
+            terms.append(
+                self._terms(
+                    layer_logits,
+                    layer_boxes,
+                    dn.target_labels,
+                    dn.target_boxes,
+                    dn.positive,
+                    dn.real,
+                )
+            )
+        parts = {k: sum(t[k] for t in terms) / norm for k in WEIGHTS}
+        total = sum(self.weights[k] * v for k, v in parts.items())
+        return total, {k: v.detach() for k, v in parts.items()}
+
+    @staticmethod
+    def _terms(logits, boxes, labels, target_boxes, positive, counted) -> dict[str, torch.Tensor]:
+        """Sums over queries: varifocal loss where ``counted``, box losses where ``positive``
+        (float masks ``[B, Q]``)."""
+        iou, giou = iou_and_giou(cxcywh_to_xyxy(boxes), cxcywh_to_xyxy(target_boxes))
+        onehot = torch.zeros_like(logits).scatter_(-1, labels[..., None], 1.0) * positive[..., None]
+        score = onehot * iou.detach().clamp(min=0)[..., None]
+        probability = logits.detach().sigmoid()
+        weight = (ALPHA * probability.pow(GAMMA) * (1 - onehot) + score) * counted[..., None]
+        vfl = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
+        l1 = ((boxes - target_boxes).abs().sum(-1) * positive).sum()
+        return {"vfl": vfl, "l1": l1, "giou": ((1 - giou) * positive).sum()}
