@@ -51,7 +51,7 @@ def test_a_backbone_trains_at_its_share_of_the_rate():
     for group in optimizer.param_groups:
         for param in group["params"]:
             rates[id(param)] = group["lr"]
-    assert [rates[id(p)] for p in net.backbone.parameters()] == pytest.approx([1e-4] * 5)
+    assert [rates[id(p)] for p in net.backbone.parameters()] == pytest.approx([1e-4] * 6)
     assert [rates[id(p)] for p in net.head.parameters()] == pytest.approx([1e-3] * 2)
     assert len(rates) == len(list(net.parameters()))  # every parameter in one group
     # at the default scale the groups are the three of a model without a backbone
