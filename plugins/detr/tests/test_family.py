@@ -114,3 +114,19 @@ def test_postprocess_scales_boxes_to_each_images_size():
         det["scores"].item(), torch.sigmoid(torch.tensor(10.0)).item()
     )
     assert det["boxes"].tolist() == [[0.0, 0.0, 50.0, 40.0]]
+
+
+@pytest.mark.parametrize(
+    ("model", "params", "gflops"),
+    [("detr-n", (3.5e6, 3.65e6), (9.9, 10.3)), ("detr-s", (25.8e6, 26.0e6), (67.5, 68.5))],
+)
+def test_parameters_and_gflops_at_640(model, params, gflops):
+    """docs/models.md's table (FLOPs of ``torch.utils.flop_counter``: matrix products and
+    convolutions, a multiply-add counting 2; ``grid_sample`` is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = DetrFamily().build_model(model, 80).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(torch.zeros(1, 3, 640, 640))
+    assert params[0] < sum(p.numel() for p in net.parameters()) < params[1]
+    assert gflops[0] < counter.get_total_flops() / 1e9 < gflops[1]

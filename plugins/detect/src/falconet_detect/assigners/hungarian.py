@@ -4,7 +4,8 @@ The cost of an anchor for a box is ``-cls_weight * p(class) + l1_weight * L1 / i
 giou_weight * GIoU``, computed on the device for the whole batch, padded to the largest box
 count (not concatenated), and copied to the host once per step together with the counts:
 ``scipy.optimize.linear_sum_assignment`` runs on the CPU, so this assigner synchronises once
-per step by design (use ``tal`` or ``simota`` for a capturable, sync-free step).
+per step by design; the assignment goes back from pinned memory, without a second wait (use
+``tal`` or ``simota`` for a capturable, sync-free step).
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ class HungarianAssigner:
         host = torch.cat((cost.flatten().float(), targets.counts.float())).cpu()  # the one sync
         costs = host[:-batch].view(batch, slots, anchors).numpy()
         counts = host[-batch:].long().tolist()
-        owner = torch.zeros(batch, anchors, dtype=torch.int64)
-        foreground = torch.zeros(batch, anchors)
+        # pinned, so the copy back to the device below waits for nothing (a pageable copy would
+        # count as a second synchronisation of the step)
+        pin = pred_scores.is_cuda
+        owner = torch.zeros(batch, anchors, dtype=torch.int64, pin_memory=pin)
+        foreground = torch.zeros(batch, anchors, pin_memory=pin)
         for b, count in enumerate(counts):
             rows, cols = linear_sum_assignment(costs[b, :count])
             owner[b, torch.as_tensor(cols)] = torch.as_tensor(rows, dtype=torch.int64)
