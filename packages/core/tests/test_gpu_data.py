@@ -189,3 +189,16 @@ def test_the_fused_kernel_renders_what_the_torch_reference_renders(tmp_path):
     # float operations ordered differently flip a rounding now and then: measured a mean of
     # 1e-5 to 2e-5 levels and a largest difference of 1 to 5 levels (at 192 px)
     assert mean < 1e-3 and above_one < 1e-4 and largest <= 8
+
+
+@pytest.mark.parametrize(("count", "world"), [(10, 1), (10, 3), (9, 3), (2, 4)])
+def test_ranks_hold_equal_shards_that_together_hold_every_image(tmp_path, count, world):
+    from falconet.training.distributed import World
+    from falconet.training.loaders import gpu_shard
+
+    samples = photos(tmp_path / "img", count=count)
+    shards = [gpu_shard(samples, World(rank=r, size=world)) for r in range(world)]
+    assert len({len(shard) for shard in shards}) == 1  # as many batches an epoch on every rank
+    assert len(shards[0]) == -(-count // world)
+    assert {s.image_id for shard in shards for s in shard} == {s.image_id for s in samples}
+    assert gpu_shard(samples, World()) == samples

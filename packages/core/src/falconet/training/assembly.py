@@ -100,7 +100,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
     precision = choose_precision(cfg.amp_dtype, device, plugins)
-    gpu_cache = fill_gpu_cache(cfg, dataset, device) if cfg.cache == "gpu" else None
+    gpu_cache = fill_gpu_cache(cfg, dataset, device, world) if cfg.cache == "gpu" else None
     if fraction is not None:  # after the GPU cache, whose memory the step cannot have
         cfg = autobatched(plan, plugins, dataset, precision, device, world, fraction)
     model = build_network(plan, len(dataset.names), precision, device)

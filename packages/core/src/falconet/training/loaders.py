@@ -45,22 +45,38 @@ def train_samples(cfg: TrainConfig, dataset: Dataset) -> list[Sample]:
     return list(train)
 
 
-def fill_gpu_cache(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> Filled:
-    """``cache=gpu``: the training images decoded into ``device``'s memory
-    (:mod:`falconet.data.gpu_cache`); refused off CUDA."""
+RANK_SEED_STRIDE = 1_000_003
+"""``cache=gpu``: rank ``r`` draws from seed ``seed + r x`` this (its shard's order and plans)."""
+
+
+def gpu_shard(samples: list[Sample], world: World) -> list[Sample]:
+    """This rank's fixed share of the training samples under ``cache=gpu``: every
+    ``world.size``-th from its rank, the short shares padded by repeating theirs, so every rank
+    holds as many (and trains as many batches an epoch) and together they hold every image."""
+    share = samples[world.rank :: world.size] or samples[world.rank % len(samples) :][:1]
+    size = -(-len(samples) // world.size)
+    return (share * size)[:size]
+
+
+def fill_gpu_cache(
+    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
+) -> Filled:
+    """``cache=gpu``: this rank's training images (:func:`gpu_shard`) decoded into
+    ``device``'s memory (:mod:`falconet.data.gpu_cache`); refused off CUDA."""
     if device.type != "cuda":
         raise ConfigError(
             f"cache=gpu keeps the images in GPU memory and this run is on {device.type}; "
             "use cache=ram"
         )
     start = time.perf_counter()
-    filled = fill_store(train_samples(cfg, dataset), cfg.imgsz, device)
+    filled = fill_store(gpu_shard(train_samples(cfg, dataset), world), cfg.imgsz, device)
     log.info(
-        "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)",
+        "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)%s",
         len(filled.samples),
         time.perf_counter() - start,
         filled.on_gpu,
         filled.on_cpu,
+        f", rank {world.rank}'s shard of {world.size}" if world.size > 1 else "",
     )
     return filled
 
@@ -80,21 +96,16 @@ def build_loaders(
     per_rank = per_rank_batch(cfg.batch, world)
     val_loader = build_val_loader(cfg, dataset, device, world) if cfg.val else None
     if gpu_cache is not None:
+        # each rank trains on the shard it holds, in its own order and with its own draws
+        rank_seed = cfg.seed + RANK_SEED_STRIDE * world.rank
         train_set = DetectionDataset(
             gpu_cache.samples,
             cfg.imgsz,
             augment=augment_config(cfg),
-            seed=cfg.seed,
+            seed=rank_seed,
             close_mosaic_from=close_from,
         )
-        loader = GpuLoader(
-            train_set,
-            gpu_cache.store,
-            per_rank,
-            seed=cfg.seed,
-            rank=world.rank,
-            world_size=world.size,
-        )
+        loader = GpuLoader(train_set, gpu_cache.store, per_rank, seed=rank_seed)
         return loader, val_loader
     train_set = DetectionDataset(
         train_samples(cfg, dataset),
