@@ -76,10 +76,10 @@ if triton is not None:
     @triton.jit
     def _tap(pixels, tiles, b, px, py, inside, slot, grey):
         """The canvas pixel ``(px, py)``: the tile holding it, grey outside every tile (an
-        absent tile, image ``-1``, has the empty rectangle ``[0, 0) x [0, 0)``)."""
-        r = tl.zeros(px.shape, tl.float32) + grey
-        g = r
-        bl = r
+        absent tile, image ``-1``, has the empty rectangle ``[0, 0) x [0, 0)``). The tile is
+        found first, then its three bytes read once."""
+        found = tl.zeros(px.shape, tl.int1)
+        at = px * 0
         for t in tl.static_range(4):
             tile = tiles + (b * 4 + t) * 7
             image = tl.load(tile)
@@ -87,12 +87,11 @@ if triton is not None:
             x2a, y2a = tl.load(tile + 3), tl.load(tile + 4)
             x1b, y1b = tl.load(tile + 5), tl.load(tile + 6)
             hit = inside & (px >= x1a) & (px < x2a) & (py >= y1a) & (py < y2a)
-            sx = px - x1a + x1b
-            sy = py - y1a + y1b
-            at = tl.where(hit, ((image * slot + sy) * slot + sx) * 3, 0)
-            r = tl.where(hit, tl.load(pixels + at, mask=hit, other=0).to(tl.float32), r)
-            g = tl.where(hit, tl.load(pixels + at + 1, mask=hit, other=0).to(tl.float32), g)
-            bl = tl.where(hit, tl.load(pixels + at + 2, mask=hit, other=0).to(tl.float32), bl)
+            at = tl.where(hit, ((image * slot + py - y1a + y1b) * slot + px - x1a + x1b) * 3, at)
+            found = found | hit
+        r = tl.where(found, tl.load(pixels + at, mask=found, other=0).to(tl.float32), grey)
+        g = tl.where(found, tl.load(pixels + at + 1, mask=found, other=0).to(tl.float32), grey)
+        bl = tl.where(found, tl.load(pixels + at + 2, mask=found, other=0).to(tl.float32), grey)
         return r, g, bl
 
     @triton.jit
