@@ -17,21 +17,24 @@ reports the difference, and a GPU test bounds it).
 
 from __future__ import annotations
 
-import torch
+import importlib.util
+from functools import cache
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton (e.g. macOS): the torch reference renders
-    triton = None
+import torch
 
 BLOCK = 512
 """Output pixels per program."""
 
 
+@cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None  # found, not imported
+
+
 def available(device: torch.device) -> bool:
-    """Whether the fused kernel can render on ``device``."""
-    return triton is not None and device.type == "cuda"
+    """Whether the fused kernel can render on ``device`` (Triton is installed: not on macOS,
+    where the torch reference renders)."""
+    return device.type == "cuda" and _has_triton()
 
 
 def render_fused(
@@ -44,11 +47,13 @@ def render_fused(
 ) -> torch.Tensor:
     """``[B, 3, size, size]`` uint8 channels_last from the store's ``pixels [n, S, S, 3]`` and
     the plans' ``tiles [B, 4, 7]``, ``inverse [B, 2, 3]``, ``tables [B, 3, 256]``."""
+    from falconet.data.gpu_render_kernels import render
+
     batch = tiles.shape[0]
     out = torch.empty(batch, size, size, 3, dtype=torch.uint8, device=pixels.device)
     if batch:
-        grid = (triton.cdiv(size * size, BLOCK), batch)
-        _render[grid](
+        grid = (-(-size * size // BLOCK), batch)
+        render[grid](
             pixels,
             tiles.contiguous(),
             inverse.float().contiguous(),
@@ -60,95 +65,3 @@ def render_fused(
             BLOCK=BLOCK,
         )
     return out.permute(0, 3, 1, 2)  # NHWC memory: the channels_last view
-
-
-if triton is not None:
-
-    @triton.jit
-    def _round(x):
-        return tl.floor(x + 0.5)
-
-    @triton.jit
-    def _level(x):
-        """Rounded and clamped to ``[0, 255]``."""
-        return tl.minimum(tl.maximum(_round(x), 0.0), 255.0)
-
-    @triton.jit
-    def _tap(pixels, tiles, b, px, py, inside, slot, grey):
-        """The canvas pixel ``(px, py)``: the tile holding it, grey outside every tile (an
-        absent tile, image ``-1``, has the empty rectangle ``[0, 0) x [0, 0)``). The tile is
-        found first, then its three bytes read once."""
-        found = tl.zeros(px.shape, tl.int1)
-        at = px * 0
-        for t in tl.static_range(4):
-            tile = tiles + (b * 4 + t) * 7
-            image = tl.load(tile)
-            x1a, y1a = tl.load(tile + 1), tl.load(tile + 2)
-            x2a, y2a = tl.load(tile + 3), tl.load(tile + 4)
-            x1b, y1b = tl.load(tile + 5), tl.load(tile + 6)
-            hit = inside & (px >= x1a) & (px < x2a) & (py >= y1a) & (py < y2a)
-            at = tl.where(hit, ((image * slot + py - y1a + y1b) * slot + px - x1a + x1b) * 3, at)
-            found = found | hit
-        r = tl.where(found, tl.load(pixels + at, mask=found, other=0).to(tl.float32), grey)
-        g = tl.where(found, tl.load(pixels + at + 1, mask=found, other=0).to(tl.float32), grey)
-        bl = tl.where(found, tl.load(pixels + at + 2, mask=found, other=0).to(tl.float32), grey)
-        return r, g, bl
-
-    @triton.jit
-    def _render(pixels, tiles, inverse, tables, out, size, slot, grey, BLOCK: tl.constexpr):
-        b = tl.program_id(1)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        inside = offs < size * size
-        ox = (offs % size).to(tl.float32)
-        oy = (offs // size).to(tl.float32)
-        m = inverse + b * 6
-        cx = tl.load(m) * ox + tl.load(m + 1) * oy + tl.load(m + 2)
-        cy = tl.load(m + 3) * ox + tl.load(m + 4) * oy + tl.load(m + 5)
-        fx, fy = tl.floor(cx), tl.floor(cy)
-        ax, ay = cx - fx, cy - fy
-        x0, y0 = fx.to(tl.int64), fy.to(tl.int64)
-        bx, by = 1.0 - ax, 1.0 - ay
-        r0, g0, b0 = _tap(pixels, tiles, b, x0, y0, inside, slot, grey)
-        r1, g1, b1 = _tap(pixels, tiles, b, x0 + 1, y0, inside, slot, grey)
-        r2, g2, b2 = _tap(pixels, tiles, b, x0, y0 + 1, inside, slot, grey)
-        r3, g3, b3 = _tap(pixels, tiles, b, x0 + 1, y0 + 1, inside, slot, grey)
-        r = bx * by * r0 + ax * by * r1 + bx * ay * r2 + ax * ay * r3
-        g = bx * by * g0 + ax * by * g1 + bx * ay * g2 + ax * ay * g3
-        bl = bx * by * b0 + ax * by * b1 + bx * ay * b2 + ax * ay * b3
-        r, g, bl = _level(r), _level(g), _level(bl)
-        # OpenCV's 8-bit RGB to HSV (gpu_augment.rgb_to_hsv8)
-        val = tl.maximum(tl.maximum(r, g), bl)
-        diff = val - tl.minimum(tl.minimum(r, g), bl)
-        sat = tl.where(val > 0, _round(diff * 255.0 / tl.maximum(val, 1.0)), 0.0)
-        safe = tl.maximum(diff, 1.0)
-        hue = tl.where(
-            val == r,
-            (g - bl) * 60.0 / safe,
-            tl.where(val == g, 120.0 + (bl - r) * 60.0 / safe, 240.0 + (r - g) * 60.0 / safe),
-        )
-        hue = tl.where(diff > 0, hue, 0.0)
-        hue = tl.where(hue < 0, hue + 360.0, hue)
-        hue = _round(hue / 2.0)
-        hue = tl.where(hue >= 180.0, hue - 180.0, hue)
-        # the plan's lookup tables
-        table = tables + b * 768
-        hue = tl.load(table + hue.to(tl.int32), mask=inside, other=0).to(tl.float32)
-        sat = tl.load(table + 256 + sat.to(tl.int32), mask=inside, other=0).to(tl.float32)
-        val = tl.load(table + 512 + val.to(tl.int32), mask=inside, other=0).to(tl.float32)
-        # and back (gpu_augment.hsv8_to_rgb)
-        h = hue * (6.0 / 180.0)
-        s = sat / 255.0
-        sector = tl.floor(h)
-        f = h - sector
-        sector = tl.where(sector >= 6.0, sector - 6.0, sector)
-        p = val * (1.0 - s)
-        q = val * (1.0 - s * f)
-        t = val * (1.0 - s * (1.0 - f))
-        r = tl.where(sector == 4, t, tl.where((sector == 0) | (sector == 5), val, p))
-        r = tl.where(sector == 1, q, r)
-        g = tl.where(sector == 0, t, tl.where(sector < 3, val, tl.where(sector == 3, q, p)))
-        bl = tl.where(sector < 2, p, tl.where(sector == 2, t, tl.where(sector < 5, val, q)))
-        at = out + (b * size * size + offs) * 3
-        tl.store(at, _level(r).to(tl.uint8), mask=inside)
-        tl.store(at + 1, _level(g).to(tl.uint8), mask=inside)
-        tl.store(at + 2, _level(bl).to(tl.uint8), mask=inside)
