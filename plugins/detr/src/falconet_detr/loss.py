@@ -49,10 +49,13 @@ class DetrLoss:
     def __call__(
         self, outputs: DetrOutputs, targets: Targets
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # the denoising pass is network: it runs in the run's precision, as the forward did
+        dn = denoising_queries(targets, outputs.scale, outputs.logits.shape[-1], self.groups)
+        denoised = self.model.denoise(outputs.levels, dn)
         with torch.autocast(outputs.scale.device.type, enabled=False):
-            return self._loss(outputs, targets)
+            return self._loss(outputs, targets, dn, denoised)
 
-    def _loss(self, outputs: DetrOutputs, targets: Targets):
+    def _loss(self, outputs: DetrOutputs, targets: Targets, dn, denoised):
         scale = outputs.scale
         logits, boxes = outputs.logits.float(), outputs.boxes.float()
         queries = logits.shape[2]
@@ -79,8 +82,7 @@ class DetrLoss:
             terms.append(
                 self._terms(layer_logits, layer_boxes, labels, target_boxes, foreground, everything)
             )
-        dn = denoising_queries(targets, scale, logits.shape[-1], self.groups)
-        dn_logits, dn_boxes = self.model.denoise(outputs.levels, dn)
+        dn_logits, dn_boxes = denoised
         for layer_logits, layer_boxes in zip(dn_logits.float(), dn_boxes.float(), strict=True):
             terms.append(
                 self._terms(
