@@ -132,13 +132,18 @@ def test_parameters_and_gflops_at_640(model, params, gflops):
     assert gflops[0] < counter.get_total_flops() / 1e9 < gflops[1]
 
 
-def test_the_loss_under_bf16_autocast_runs_the_denoising_pass_in_bf16_and_sums_in_fp32():
+@pytest.mark.parametrize("loss_under_autocast", [False, True])
+def test_after_a_bf16_forward_the_denoising_pass_runs_in_bf16_and_the_loss_in_fp32(
+    loss_under_autocast,
+):
+    """The loop calls the loss outside the forward's autocast (EagerStep); a caller may not."""
     family = DetrFamily()
     torch.manual_seed(0)
     net = family.build_model("detr-n", 3)
     images, targets = batch_of([[[4.0, 4.0, 30.0, 30.0]], [[10.0, 20.0, 50.0, 60.0]]])
     with torch.autocast("cpu", torch.bfloat16):
         outputs = net(images)
+    with torch.autocast("cpu", torch.bfloat16, enabled=loss_under_autocast):
         value, _ = family.build_loss(net, HUNGARIAN)(outputs, targets)
     assert outputs.logits.dtype == torch.bfloat16 and value.dtype == torch.float32
     value.backward()

@@ -49,7 +49,7 @@ class DetrLoss:
     def __call__(
         self, outputs: DetrOutputs, targets: Targets
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        # the denoising pass is network: it runs in the run's precision, as the forward did
+        # the denoising pass is network: it runs in the forward's precision (DetrNet.denoise)
         dn = denoising_queries(targets, outputs.scale, outputs.logits.shape[-1], self.groups)
         denoised = self.model.denoise(outputs.levels, dn)
         with torch.autocast(outputs.scale.device.type, enabled=False):

@@ -127,10 +127,14 @@ class DetrNet(nn.Module):
         """The decoder on the denoising queries alone, over the same encoder maps: every
         layer's logits ``[L, B, T, C]`` and boxes ``[L, B, T, 4]``."""
         memory, shapes = flatten(levels)
-        return self.decoder(
-            self.denoise_labels(queries.labels),
-            queries.reference_logits,
-            memory,
-            shapes,
-            queries.mask,
-        )
+        # the loop calls the loss outside the forward's autocast: the pass runs in the
+        # precision the forward ran in, read from the maps it made
+        dtype = memory.dtype
+        with torch.autocast(memory.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return self.decoder(
+                self.denoise_labels(queries.labels),
+                queries.reference_logits,
+                memory,
+                shapes,
+                queries.mask,
+            )
