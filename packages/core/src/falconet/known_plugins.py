@@ -13,6 +13,9 @@ KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
         "yolo-n": "falconet-detect",
         "yolo-s": "falconet-detect",
         "yolo-m": "falconet-detect",
+        "detr": "falconet-detr",
+        "detr-n": "falconet-detr",
+        "detr-s": "falconet-detr",
     },
     "assigners": {
         "tal": "falconet-detect",
