@@ -11,8 +11,9 @@ HSV and the plan's lookup tables and back, written once as uint8 channels-last. 
 three bytes per neighbour and writes three per pixel.
 
 The rounding is :mod:`falconet.data.gpu_augment`'s (half up); the two agree to rounding
-of single levels where float operations are ordered differently (tools/bench_data.py --gpu
-reports the difference, and a GPU test bounds it).
+of single levels where float operations are ordered differently (a CPU test bounds the
+difference with the kernel run in Triton's interpreter; tools/bench_data.py --gpu reports it
+for the compiled kernel on a GPU).
 """
 
 from __future__ import annotations
