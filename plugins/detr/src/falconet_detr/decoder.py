@@ -18,6 +18,9 @@ from torch import nn
 from falconet_detr.attention import Attention, DeformableAttention
 from falconet_detr.boxes import inverse_sigmoid
 
+PRIOR_LOGIT = -math.log((1 - 0.01) / 0.01)
+"""Class heads' bias: every class starts at probability 0.01."""
+
 
 class MLP(nn.Module):
     def __init__(self, cin: int, hidden: int, cout: int, layers: int) -> None:
@@ -59,9 +62,8 @@ class Decoder(nn.Module):
         self.query_pos = MLP(4, 2 * dim, dim, 2)
         self.scores = nn.ModuleList(nn.Linear(dim, classes) for _ in range(layers))
         self.boxes = nn.ModuleList(MLP(dim, dim, 4, 3) for _ in range(layers))
-        prior = -math.log((1 - 0.01) / 0.01)  # every class starts at probability 0.01
         for head in self.scores:
-            nn.init.constant_(head.bias, prior)
+            nn.init.constant_(head.bias, PRIOR_LOGIT)
         for head in self.boxes:
             nn.init.zeros_(head.layers[-1].weight)
             nn.init.zeros_(head.layers[-1].bias)

@@ -77,8 +77,6 @@ class DetrFamily:
         """The ``max_det`` best (query, class) pairs per image above ``conf``: a set
         prediction needs no NMS (``iou`` is unused); every class of a query may score
         (``multi_label`` is what this always does)."""
-        import torch
-
         from falconet_detr.boxes import cxcywh_to_xyxy
 
         logits, boxes = outputs
@@ -89,9 +87,9 @@ class DetrFamily:
         detections = []
         for b, (h, w) in enumerate(image_sizes):
             query = index[b] // classes
-            chosen = cxcywh_to_xyxy(boxes[b, query].float()) * torch.tensor(
-                [w, h, w, h], dtype=torch.float32, device=boxes.device
-            )
+            chosen = cxcywh_to_xyxy(boxes[b, query].float())
+            chosen[:, 0::2] *= w  # Python scalars: no copy to the device per image
+            chosen[:, 1::2] *= h
             above = top[b] > conf
             detections.append(
                 {

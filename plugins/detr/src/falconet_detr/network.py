@@ -18,7 +18,7 @@ from torch import nn
 
 from falconet_detr.backbone import Backbone
 from falconet_detr.boxes import inverse_sigmoid
-from falconet_detr.decoder import MLP, Decoder
+from falconet_detr.decoder import MLP, PRIOR_LOGIT, Decoder
 from falconet_detr.denoising import DenoisingQueries
 from falconet_detr.encoder import HybridEncoder
 
@@ -96,7 +96,7 @@ class DetrNet(nn.Module):
         self.proposal = nn.Sequential(nn.Linear(scale.dim, scale.dim), nn.LayerNorm(scale.dim))
         self.proposal_scores = nn.Linear(scale.dim, num_classes)
         self.proposal_boxes = MLP(scale.dim, scale.dim, 4, 3)
-        nn.init.constant_(self.proposal_scores.bias, self.decoder.scores[0].bias[0].item())
+        nn.init.constant_(self.proposal_scores.bias, PRIOR_LOGIT)
         nn.init.zeros_(self.proposal_boxes.layers[-1].weight)
         nn.init.zeros_(self.proposal_boxes.layers[-1].bias)
         self.denoise_labels = nn.Embedding(num_classes, scale.dim)

@@ -1,5 +1,5 @@
 """The Triton kernels of :mod:`falconet.data.gpu_render`, in a module of their own so that
-Triton (half a second to import) loads only when a GPU render runs."""
+Triton, slow to import, loads only when a GPU render runs."""
 
 from __future__ import annotations
 

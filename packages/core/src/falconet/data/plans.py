@@ -3,9 +3,9 @@
 :class:`Planner` draws what the augmentation of a batch of ``(epoch, index)`` keys will do
 (mosaic or not and its partners, where each image lies on the canvas, the affine matrix with
 its flip, the HSV gains) and moves the boxes through it, for the whole batch at once with
-numpy: a few hundred microseconds for 64 samples, so one host thread plans faster than the
-GPU renders. The draws come from ``numpy.random.default_rng([seed, epoch, *indices])``: a
-function of the batch's keys, so the same seed gives the same batches whatever the workers,
+numpy, so one host thread plans faster than the GPU renders (docs/data.md has the loader's
+measured rate and cores). The draws come from
+``numpy.random.default_rng([seed, epoch, *indices])``: a function of the batch's keys, so the same seed gives the same batches whatever the workers,
 ranks or resumes. The CPU loader plans one sample at a time (its key alone seeds it).
 
 The pixels are then made from the plan by either path: the CPU loader
