@@ -6,7 +6,8 @@ its flip, the HSV gains) and moves the boxes through it, for the whole batch at 
 numpy, so one host thread plans faster than the GPU renders (docs/data.md has the loader's
 measured rate and cores). The draws come from
 ``numpy.random.default_rng([seed, epoch, *indices])``: a function of the batch's keys, so
-the same seed gives the same batches whatever the workers, ranks or resumes. The CPU loader plans one sample at a time (its key alone seeds it).
+the same seed gives the same batches whatever the workers, ranks or resumes. The CPU loader
+plans one sample at a time (its key alone seeds it).
 
 The pixels are then made from the plan by either path: the CPU loader
 (:meth:`falconet.data.loader.DetectionDataset.render`, OpenCV, one :class:`AugmentPlan` of
