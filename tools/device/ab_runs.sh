@@ -19,7 +19,11 @@
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-N of e2e_epochs (4),
 #           e2e_batches (16), ab_e2e_arms (fp16 whole-step by default)
 #   overfit tools/bench_train.py --measures overfit (COCO128, train = val, overfit_epochs 30),
-#           overfit_arms (e.g. seeds: "$ws:seed=0,$ws:seed=1")
+#           overfit_arms (e.g. seeds: "$ws:seed=0,$ws:seed=1"); overfit_gpus (0) runs arms
+#           side by side, e.g. "0,0,0" three at a time on the one GPU (nothing is timed)
+#   syncs   tools/find_syncs.py: each host sync of a step with the line that asked, for
+#           syncs_model (yolo-n) at syncs_imgsz (640), syncs_batches (16), syncs_amp (bf16),
+#           syncs_graphs (eager)
 #   data    tools/bench_data.py --gpu: cache=gpu's fill and loader rate against cache=ram with
 #           8 workers, at data_batches (16,64)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
@@ -98,8 +102,13 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
     overfit)
       timeout "${overfit_timeout:-500}" python bench_train.py --data "$data" --amp fp16 \
         --arms "${overfit_arms:-$ws:amp_dtype=fp16}" --repeats 1 --measures overfit \
-        --overfit-epochs "${overfit_epochs:-30}" --gpus 0 --timeout "${overfit_timeout:-500}" \
+        --overfit-epochs "${overfit_epochs:-30}" --gpus "${overfit_gpus:-0}" --timeout "${overfit_timeout:-500}" \
         --out "$out" ;;
+    syncs)
+      timeout "${syncs_timeout:-200}" python find_syncs.py --data "$data/coco128.yaml" \
+        --model "${syncs_model:-yolo-n}" --imgsz "${syncs_imgsz:-640}" \
+        --batch "${syncs_batches:-16}" --amp "${syncs_amp:-bf16}" \
+        --graph "${syncs_graphs:-eager}" --repeats 5 --out "$out" ;;
     data)
       timeout "${data_timeout:-200}" python bench_data.py "$data/coco128.yaml" --gpu \
         --gpu-batches "${data_batches:-16,64}" --no-cpu-table --out "$out" ;;

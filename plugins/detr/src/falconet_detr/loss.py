@@ -74,36 +74,40 @@ class DetrLoss:
         norm = ops.rank_sum(targets.counts.sum().float()).clamp(min=1.0)
         if (ranks := ops.world_size()) > 1:
             norm = norm / ranks
-        terms = []
-        for layer_logits, layer_boxes in (
-            *zip(logits, boxes, strict=True),
-            (outputs.enc_logits.float(), outputs.enc_boxes.float()),
-        ):
-            terms.append(
-                self._terms(layer_logits, layer_boxes, labels, target_boxes, foreground, everything)
-            )
         dn_logits, dn_boxes = denoised
-        for layer_logits, layer_boxes in zip(dn_logits.float(), dn_boxes.float(), strict=True):
-            terms.append(
-                self._terms(
-                    layer_logits,
-                    layer_boxes,
-                    dn.target_labels,
-                    dn.target_boxes,
-                    dn.positive,
-                    dn.real,
-                )
-            )
+        # three calls, each over every layer at once (a leading layer dimension): the loss's
+        # kernel count does not grow with the decoder's depth
+        terms = (
+            self._terms(logits, boxes, labels, target_boxes, foreground, everything),
+            self._terms(
+                outputs.enc_logits.float(),
+                outputs.enc_boxes.float(),
+                labels,
+                target_boxes,
+                foreground,
+                everything,
+            ),
+            self._terms(
+                dn_logits.float(),
+                dn_boxes.float(),
+                dn.target_labels,
+                dn.target_boxes,
+                dn.positive,
+                dn.real,
+            ),
+        )
         parts = {k: sum(t[k] for t in terms) / norm for k in WEIGHTS}
         total = sum(self.weights[k] * v for k, v in parts.items())
         return total, {k: v.detach() for k, v in parts.items()}
 
     @staticmethod
     def _terms(logits, boxes, labels, target_boxes, positive, counted) -> dict[str, torch.Tensor]:
-        """Sums over queries: varifocal loss where ``counted``, box losses where ``positive``
-        (float masks ``[B, Q]``)."""
+        """Sums over queries (and layers: ``logits [..., B, Q, C]`` and ``boxes [..., B, Q,
+        4]`` may lead with a layer dimension; the targets are ``[B, Q]`` and broadcast):
+        varifocal loss where ``counted``, box losses where ``positive`` (float masks)."""
         iou, giou = iou_and_giou(cxcywh_to_xyxy(boxes), cxcywh_to_xyxy(target_boxes))
-        onehot = torch.zeros_like(logits).scatter_(-1, labels[..., None], 1.0) * positive[..., None]
+        index = labels[..., None].expand(*logits.shape[:-1], 1)
+        onehot = torch.zeros_like(logits).scatter_(-1, index, 1.0) * positive[..., None]
         score = onehot * iou.detach().clamp(min=0)[..., None]
         probability = logits.detach().sigmoid()
         weight = (ALPHA * probability.pow(GAMMA) * (1 - onehot) + score) * counted[..., None]
