@@ -70,7 +70,25 @@ class Detector:
         check_keys(keys, model)
         saved = dict(self.checkpoint["config"]) if self.checkpoint else {}
         saved.pop("resume", None)
+        # keys of plugins not installed here configured the training only (a graph backend's,
+        # a precision's): the weights load and evaluate without them
+        saved = {k: v for k, v in saved.items() if k in model.model_fields}
         return build_config(model, saved, keys)
+
+    def _evaluation_precision(self, cfg: TrainConfig, asked: bool, device: torch.device):
+        """The precision ``val`` runs in: the one trained with, configured for evaluation;
+        ``auto`` when that one is not installed or cannot run here and ``amp_dtype`` was not
+        asked for (an fp8-trained model evaluates without Transformer Engine)."""
+        from falconet.interfaces import PrecisionContext
+        from falconet.training.backends import choose_precision
+
+        name = cfg.amp_dtype
+        if not asked and name != "auto":
+            backends = self.plugins.precision_backends
+            if name not in backends or backends.get(name).unavailable_reason(device):
+                name = "auto"
+        context = PrecisionContext(device, cfg.model_dump(), imgsz=cfg.imgsz, training=False)
+        return choose_precision(name, context, self.plugins)
 
     def module(self, device: torch.device) -> torch.nn.Module:
         """The network with this detector's weights, in eval mode, on ``device``."""
@@ -95,7 +113,6 @@ class Detector:
         """COCO evaluation on ``data``'s val split (default: the data it was trained on)."""
         from falconet.data.resolve import load_dataset
         from falconet.training import validation
-        from falconet.training.backends import choose_precision
         from falconet.training.devices import resolve_device
         from falconet.training.loaders import build_val_loader
 
@@ -109,7 +126,7 @@ class Detector:
                 f"{self.names}"
             )
         loader = build_val_loader(cfg.model_copy(update={"cache": "none"}), dataset, device)
-        precision = choose_precision(cfg.amp_dtype, device, self.plugins)
+        precision = self._evaluation_precision(cfg, "amp_dtype" in keys, device)
         accumulator = validation.predict_split(
             self.module(device),
             self.family,

@@ -188,11 +188,36 @@ class EvalBackend(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PrecisionContext:
+    """What a precision backend may know of the run it is configured for.
+
+    ``options`` holds the run's resolved training keys, the backend's own among them (read
+    them typed with :meth:`keys`); ``batch`` (per rank; ``None`` while autobatch has not
+    chosen it) and ``imgsz`` are the training input's shape, for a backend that chooses by the
+    run's matrix sizes; ``world_size`` is 1 outside distributed runs; ``training`` is False
+    when a trained model is only evaluated or used for prediction.
+    """
+
+    device: torch.device
+    options: Mapping[str, Any] = field(default_factory=dict)
+    batch: int | None = None
+    imgsz: int = 640
+    world_size: int = 1
+    training: bool = True
+
+    def keys(self, model: type[KeysT]) -> KeysT:
+        """The run's values of the keys ``model`` declares, validated; defaults elsewhere."""
+        return validated_keys(self.options, model)
+
+
 @runtime_checkable
 class PrecisionBackend(Protocol):
     """How the numbers of a step are represented: an autocast context, a scaler, a model wrapper.
 
-    Composed into the trainer, never subclassed into it.
+    Composed into the trainer, never subclassed into it. The registered instance is
+    configured (:meth:`configure`) for each run; what it returns is the run's backend (an
+    autocast-only backend returns itself).
     """
 
     name: str
@@ -200,6 +225,12 @@ class PrecisionBackend(Protocol):
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """``None`` when the backend can run on ``device``, else why not (one sentence)."""
+        ...
+
+    def configure(self, context: PrecisionContext) -> PrecisionBackend:
+        """The backend for this run: its keys read, its choices made (raise
+        :class:`falconet.training.config.ConfigError` for a key value the device cannot
+        do). With ``context.training`` False, the backend a trained model is evaluated in."""
         ...
 
     def autocast(self, device: torch.device) -> AbstractContextManager[Any]:
@@ -213,8 +244,16 @@ class PrecisionBackend(Protocol):
         ...
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Convert or wrap the model for this format (identity for autocast-only backends)."""
+        """Convert or wrap the model for this format (identity for autocast-only backends).
+        The state dict must keep the plain model's keys and shapes, so checkpoints load
+        into the family's network wherever this backend is not installed."""
         ...
+
+
+def validated_keys(options: Mapping[str, Any], model: type[KeysT]) -> KeysT:
+    """``options``' values of the keys ``model`` declares (a plugin's
+    :class:`falconet.keys.KeyGroup` model), validated; defaults where ``options`` has none."""
+    return model.model_validate({k: options[k] for k in model.model_fields if k in options})
 
 
 @dataclass(frozen=True)
@@ -238,9 +277,7 @@ class GraphContext:
     def keys(self, model: type[KeysT]) -> KeysT:
         """The run's values of the keys ``model`` declares (a plugin's
         :class:`falconet.keys.KeyGroup` model), validated; defaults where the run has none."""
-        return model.model_validate(
-            {k: self.options[k] for k in model.model_fields if k in self.options}
-        )
+        return validated_keys(self.options, model)
 
 
 @runtime_checkable

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from falconet.interfaces import PrecisionContext
     from falconet.loss_scaler import LossScaler
 
 
@@ -51,6 +52,9 @@ class AutocastPrecision:
                 f"support; use amp_dtype=fp16"
             )
         return None
+
+    def configure(self, context: PrecisionContext) -> AutocastPrecision:
+        return self  # nothing to choose per run
 
     def autocast(self, device: torch.device) -> AbstractContextManager[Any]:
         import torch

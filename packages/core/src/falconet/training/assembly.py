@@ -21,7 +21,7 @@ from torch import nn
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.data.targets import Targets
-from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend
+from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
 from falconet.loss_scaler import LossScaler
 from falconet.plugins import Plugins
 from falconet.training.autobatch import (
@@ -99,7 +99,9 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
-    precision = choose_precision(cfg.amp_dtype, device, plugins)
+    batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
+    context = PrecisionContext(device, cfg.model_dump(), batch, cfg.imgsz, world.size)
+    precision = choose_precision(cfg.amp_dtype, context, plugins)
     gpu_cache = fill_gpu_cache(cfg, dataset, device, world) if cfg.cache == "gpu" else None
     if fraction is not None:  # after the GPU cache, whose memory the step cannot have
         cfg = autobatched(plan, plugins, dataset, precision, device, world, fraction)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from falconet.interfaces import GraphBackend, GraphContext, PrecisionBackend
+from falconet.interfaces import GraphBackend, GraphContext, PrecisionBackend, PrecisionContext
 from falconet.plugins import Plugins
 from falconet.training.config import ConfigError
 
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("falconet.train")
 
 
-def choose_precision(name: str, device: torch.device, plugins: Plugins) -> PrecisionBackend:
-    """The precision backend for ``amp_dtype=name`` (``auto``: bf16 on a GPU that has it,
-    else fp16 on a GPU, else fp32 on the CPU, where autocast is slower than fp32)."""
+def choose_precision(name: str, context: PrecisionContext, plugins: Plugins) -> PrecisionBackend:
+    """The precision backend for ``amp_dtype=name``, configured for ``context``'s run
+    (``auto``: bf16 on a GPU that has it, else fp16 on a GPU, else fp32 on the CPU, where
+    autocast is slower than fp32)."""
+    device = context.device
     if name == "auto":
         if device.type == "cuda":
             name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -36,7 +38,7 @@ def choose_precision(name: str, device: torch.device, plugins: Plugins) -> Preci
     backend = plugins.precision_backends.get(name)
     if reason := backend.unavailable_reason(device):
         raise ConfigError(reason)
-    return backend
+    return backend.configure(context)
 
 
 def auto_order(plugins: Plugins) -> list[str]:

@@ -6,7 +6,19 @@ from typing import ClassVar
 
 import pytest
 
-from falconet.interfaces import PrecisionBackend
+from falconet.interfaces import PrecisionBackend, PrecisionContext
+
+
+def _network(device):
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.SiLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 16 * 16, 4),
+    ).to(device)
 
 
 def _train_step(backend: PrecisionBackend, device_name: str) -> None:
@@ -14,14 +26,15 @@ def _train_step(backend: PrecisionBackend, device_name: str) -> None:
 
     device = torch.device(device_name)
     torch.manual_seed(0)
-    model = backend.wrap_model(
-        torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1),
-            torch.nn.BatchNorm2d(8),
-            torch.nn.SiLU(),
-            torch.nn.Flatten(),
-            torch.nn.Linear(8 * 16 * 16, 4),
-        ).to(device)
+    backend = backend.configure(PrecisionContext(device, batch=2, imgsz=16))
+    assert isinstance(backend, PrecisionBackend), "configure must return a PrecisionBackend"
+    plain = _network(device)
+    expected = {k: v.shape for k, v in plain.state_dict().items()}
+    model = backend.wrap_model(plain)
+    found = {k: v.shape for k, v in model.state_dict().items()}
+    assert found == expected, (
+        f"{backend.name}: wrap_model changed the state dict's keys or shapes (checkpoints "
+        f"must load into the plain network): {sorted(set(found) ^ set(expected))}"
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = backend.grad_scaler(device)
