@@ -11,14 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from falconet.data.loader import (
-    DetectionDataset,
-    EpochSampler,
-    build_loader,
-    collate,
-    stop_workers,
-)
+from falconet.data.loader import DetectionDataset, build_loader, collate, stop_workers
 from falconet.data.records import Sample
+from falconet.data.sampler import EpochSampler
 from falconet.data.transforms import AugmentConfig
 
 NO_COLOUR = AugmentConfig(hsv_h=0, hsv_s=0, hsv_v=0)

@@ -1,7 +1,7 @@
 """The training loader of ``cache=gpu``: batches augmented on the GPU from the image store.
 
 It yields what the CPU loader yields (:func:`falconet.data.loader.collate`'s keys), from the
-same sampler (:class:`~falconet.data.loader.EpochBatchSampler`: the same batches, epochs,
+same sampler (:class:`~falconet.data.sampler.EpochBatchSampler`: the same batches, epochs,
 shares of a distributed run, and mid-epoch resume), with the images already on the device:
 ``[B, 3, S, S]`` uint8, channels_last. Per batch:
 
@@ -25,13 +25,8 @@ from typing import Any
 import torch
 
 from falconet.data.gpu_augment import ImageStore, PlanTensors, render
-from falconet.data.loader import (
-    DetectionDataset,
-    EpochBatchSampler,
-    EpochSampler,
-    batch_meta,
-    padded_targets,
-)
+from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
+from falconet.data.sampler import EpochBatchSampler, EpochSampler
 
 
 class GpuLoader:

@@ -1,4 +1,5 @@
-"""From checked samples to padded batches: the dataset, a resumable sampler, the collate.
+"""From checked samples to padded batches: the dataset, the collate, the loader over
+:mod:`falconet.data.sampler`'s resumable sampler.
 
 Determinism: every random choice for a sample (mosaic partners, affine, colour, flip) comes from
 ``numpy.random.default_rng([seed, epoch, index])``, so the same seed gives the same batches
@@ -28,6 +29,7 @@ import torch
 
 from falconet.data.plans import AugmentPlan, BatchPlan, Planner
 from falconet.data.records import Sample
+from falconet.data.sampler import EpochBatchSampler, EpochSampler
 from falconet.data.targets import box_rows
 from falconet.data.transforms import (
     PAD_VALUE,
@@ -270,86 +272,6 @@ def padded_targets(
         "box_images": box_images,
         "box_slots": box_slots,
     }
-
-
-class EpochSampler(torch.utils.data.Sampler):
-    """Yields ``(epoch, index)``: a permutation seeded by ``(seed, epoch)``, this rank's share.
-
-    Every rank draws the same permutation and takes every ``world_size``-th element from its
-    ``rank`` (padded by repeating from the start so ranks get equal counts, as
-    ``DistributedSampler`` does). ``set_epoch(epoch, start)`` skips the first ``start`` indices
-    of this rank's share: exact mid-epoch resume with ``start = batches_done * batch``.
-    """
-
-    def __init__(
-        self, size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch, self.start = epoch, start
-
-    def _share(self) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.size, generator=generator).tolist()
-        else:
-            order = list(range(self.size))
-        per_rank = -(-self.size // self.world_size)
-        order += order[: per_rank * self.world_size - len(order)]
-        return order[self.rank :: self.world_size]
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return ((self.epoch, i) for i in self._share()[self.start :])
-
-    def __len__(self) -> int:
-        return max(0, -(-self.size // self.world_size) - self.start)
-
-
-class EpochBatchSampler(torch.utils.data.Sampler):
-    """Batches of an :class:`EpochSampler`, epoch after epoch over a span of epochs.
-
-    A batch never mixes two epochs (an epoch's last batch may be short). Over a span
-    (:meth:`set_epochs`), one loader iterator runs through every epoch of a run, so the
-    workers prepare the next epoch's first batches while this one's last steps and its
-    validation run, instead of starting cold at every epoch (with few batches per epoch, as
-    in a fine-tune on a small set, that start-up was a large share of the time). The
-    samples are those of per-epoch iteration: each is a function of ``(seed, epoch, index)``.
-    """
-
-    def __init__(self, sampler: EpochSampler, batch: int) -> None:
-        self.sampler, self.batch = sampler, batch
-        self.first, self.last, self.start = 0, 1, 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """Batches in a whole epoch of this rank's share."""
-        share = -(-self.sampler.size // self.sampler.world_size)
-        return -(-share // self.batch)
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """One epoch, from its ``start``-th sample (exact mid-epoch resume)."""
-        self.set_epochs(epoch, epoch + 1, start)
-
-    def set_epochs(self, first: int, last: int, start: int = 0) -> None:
-        """Epochs ``first`` to ``last - 1``, the first from its ``start``-th sample."""
-        self.first, self.last, self.start = first, last, start
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for epoch in range(self.first, self.last):
-            self.sampler.set_epoch(epoch, self.start if epoch == self.first else 0)
-            indices = list(self.sampler)
-            for i in range(0, len(indices), self.batch):
-                yield indices[i : i + self.batch]
-
-    def __len__(self) -> int:
-        epochs = max(self.last - self.first, 0)
-        skipped = self.start // self.batch if epochs else 0
-        return epochs * self.batches_per_epoch - skipped
 
 
 def worker_base_seed(seed: int, epoch: int) -> int:
