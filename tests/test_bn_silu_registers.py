@@ -22,7 +22,7 @@ def _by_kernel(rows) -> dict[str, dict]:
 
 
 def test_kernels_compile_for_hopper_and_spill_only_in_the_merges(registers):
-    from falconet_graphs_cuda.bn_silu import KERNEL_KINDS, Tiling
+    from falconet_graphs_cuda.bn_silu_tiling import KERNEL_KINDS, Tiling
 
     rows = _by_kernel(registers.table(Tiling(), "fp16", 90, widths=(64,)))
     assert set(rows) == set(KERNEL_KINDS)
@@ -37,7 +37,7 @@ def test_kernels_compile_for_hopper_and_spill_only_in_the_merges(registers):
 
 
 def test_a_smaller_merge_tile_spills_nothing(registers):
-    from falconet_graphs_cuda.bn_silu import Tiling
+    from falconet_graphs_cuda.bn_silu_tiling import Tiling
 
     rows = registers.table(Tiling(merge_elements=2048), "bf16", 90, widths=(64,))
     assert all(row["stack"] == 0 for row in rows), [r for r in rows if r["stack"]]

@@ -12,7 +12,7 @@ statistics: the fused op should be no further from float64 than PyTorch's kernel
 
     python tools/bench_bn_silu.py --model yolo-n --batch 16,64 --out bn_silu.json
 
-``--sweep`` times the Triton op alone under other tilings (``bn_silu.Tiling``), fp16, at each
+``--sweep`` times the Triton op alone under other tilings (``bn_silu_tiling.Tiling``), fp16, at each
 batch, from the default: first the reductions' tile, warps and programs per SM
 (``--reduce-elements``, ``--reduce-warps``, ``--per-sm``), then, from the best of those, the
 elementwise kernels' tile and warps (``--map-elements``, ``--map-warps``); each row is the
@@ -38,7 +38,8 @@ from bench_batchnorm import EPS, MOMENTUM, bn_shapes, layer_inputs  # tools/ is 
 from graph_replay import kernel_parser, kernel_report, replay_ms
 
 from falconet_graphs_cuda import bn_silu
-from falconet_graphs_cuda.bn_silu import Tiling, _BatchNormSiLU
+from falconet_graphs_cuda.bn_silu import _BatchNormSiLU
+from falconet_graphs_cuda.bn_silu_tiling import Tiling
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -1,5 +1,5 @@
 """The bn_silu kernels compiled for a GPU that need not be present: registers a thread,
-bytes spilled to the stack, shared memory, for a tiling (``bn_silu.Tiling``, the defaults
+bytes spilled to the stack, shared memory, for a tiling (``bn_silu_tiling.Tiling``, the defaults
 with any ``FALCONET_BN_SILU_*`` set) and each channel block width.
 
 Triton compiles for a named target with its own ``ptxas``, and ``cuobjdump`` (shipped with
@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from falconet_graphs_cuda import bn_silu_kernels
-from falconet_graphs_cuda.bn_silu import KERNEL_KINDS, Tiling, _plan, tiling_from_env
+from falconet_graphs_cuda.bn_silu_tiling import KERNEL_KINDS, Tiling, plan_launch, tiling_from_env
 
 # in the input's dtype; the other pointers float32
 ACTIVATIONS = ("x_ptr", "z_ptr", "dz_ptr", "dx_ptr", "res_ptr")
@@ -84,7 +84,7 @@ def table(tiling: Tiling, dtype: str, arch: int, widths=(16, 32, 64)) -> list[di
     """Every kernel at each channel block width (the op's ``block_c``: 16, 32 or 64)."""
     rows = []
     for width in widths:
-        plan = _plan(torch.empty(1, width, 1, 1, device="meta"), tiling)
+        plan = plan_launch(torch.empty(1, width, 1, 1, device="meta"), tiling)
         for name, kind in KERNEL_KINDS.items():
             meta = plan.meta(kind)
             got = resources(getattr(bn_silu_kernels, name), meta, dtype, arch)

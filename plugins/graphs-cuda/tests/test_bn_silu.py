@@ -29,7 +29,8 @@ from falconet_graphs_cuda.keys import GraphsCudaKeys
 pytest.importorskip("triton", reason="the fused op's kernels are Triton's")
 
 from falconet_graphs_cuda import bn_silu
-from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU, Tiling
+from falconet_graphs_cuda.bn_silu import FusedBatchNormSiLU
+from falconet_graphs_cuda.bn_silu_tiling import Tiling
 from falconet_graphs_cuda.step_modes import fused_bn_silu
 
 MOMENTUM, EPS = 0.03, 1e-3
@@ -237,7 +238,7 @@ def test_tiling_from_the_environment():
     """Each field of the tiling from ``FALCONET_BN_SILU_<FIELD>``, the rest the defaults; a
     value that is not a positive whole number, or a tile or warp count that is not a power
     of two (a tile of at least 64 elements), is an error naming the variable."""
-    from falconet_graphs_cuda.bn_silu import tiling_from_env
+    from falconet_graphs_cuda.bn_silu_tiling import tiling_from_env
 
     assert tiling_from_env({}) == Tiling()
     got = tiling_from_env({"FALCONET_BN_SILU_MAP_WARPS": "8", "OTHER": "x"})

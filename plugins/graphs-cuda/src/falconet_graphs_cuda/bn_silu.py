@@ -4,9 +4,10 @@ With the launches gone, BatchNorm and SiLU are the largest kernel cost of a smal
 step (docs/performance.md): PyTorch runs cuDNN's BatchNorm (its native kernels in bf16), then
 SiLU apart: six kernels and about thirteen passes over the activation a layer, forward and
 backward. The op ``falconet_graphs::bn_silu`` does it in six kernels and eight passes
-(:mod:`falconet_graphs_cuda.bn_silu_kernels`). Its numbers agree with PyTorch's to rounding,
-not bit for bit (other reductions), so it is an opt-in whose accuracy the overfit check
-measures.
+(:mod:`falconet_graphs_cuda.bn_silu_kernels`, launched as
+:mod:`falconet_graphs_cuda.bn_silu_tiling` plans them). Its numbers agree with PyTorch's to
+rounding, not bit for bit (other reductions), so it is an opt-in whose accuracy the overfit
+check measures.
 
 :class:`FusedBatchNormSiLU` is the function mode the whole step enters around the forward:
 it answers for :func:`falconet.ops.batch_norm_silu` when the BatchNorm trains with running
@@ -19,12 +20,6 @@ buffer, with no copy (docs/lab/2026-12-kernel-cost.md, "Kept: C2f's parts writte
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -32,64 +27,13 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from falconet import ops
 
+# Tiling, KERNEL_KINDS and tiling_from_env are also importable from here, where they began
+from falconet_graphs_cuda.bn_silu_tiling import KERNEL_KINDS as KERNEL_KINDS
+from falconet_graphs_cuda.bn_silu_tiling import Tiling as Tiling
+from falconet_graphs_cuda.bn_silu_tiling import plan_launch
+from falconet_graphs_cuda.bn_silu_tiling import tiling_from_env as tiling_from_env
 
-@dataclass(frozen=True)
-class Tiling:
-    """How the kernels cut an activation: the elementwise kernels' tile (elements) and warps,
-    the reductions' tile and warps, and how many row programs a reduction aims at per SM
-    (spread over its channel blocks). ``tools/bench_bn_silu.py --sweep`` times the choices.
-
-    ``merge_elements``, ``merge_channels``: the merge kernels' tile, and the most channels
-    one merge program takes. A merge runs one program per block of channels and waits on
-    its loads, so narrower blocks give it more programs; each takes the partial results of
-    ``merge_elements // its channels`` programs at a time (too large a tile makes the merge
-    kernels spill registers: ``tools/bn_silu_registers.py`` says which tilings do, without a
-    GPU)."""
-
-    # the defaults are the best of tools/bench_bn_silu.py --sweep for yolo-n (docs/lab/)
-    map_elements: int = 2048
-    map_warps: int = 4
-    reduce_elements: int = 8192
-    reduce_warps: int = 4
-    programs_per_sm: int = 4
-    merge_elements: int = 4096
-    merge_channels: int = 16
-
-
-# each field's least value, and whether Triton needs it a power of two (its tiles and warps)
-# (a tile spans 64 channels at most)
-_FIELD_RULES = {
-    "map_elements": (64, True), "reduce_elements": (64, True), "map_warps": (1, True),
-    "reduce_warps": (1, True), "programs_per_sm": (1, False), "merge_elements": (64, True),
-    "merge_channels": (16, True),
-}  # fmt: skip
-
-
-def tiling_from_env(environ: Mapping[str, str] = os.environ) -> Tiling:
-    """The default tiling, any field set by ``FALCONET_BN_SILU_<FIELD>`` (for example
-    ``FALCONET_BN_SILU_MAP_WARPS=8``): how ``tools/bench_train.py`` times another tiling in
-    the whole step beside the default, and how to try one on another GPU."""
-    values = {}
-    for f in fields(Tiling):
-        name = f"FALCONET_BN_SILU_{f.name.upper()}"
-        if name not in environ:
-            continue
-        least, power = _FIELD_RULES[f.name]
-        try:
-            value = int(environ[name])
-        except ValueError:
-            raise ValueError(f"{name}={environ[name]!r}: give a whole number") from None
-        if power and (value < least or value & (value - 1)):
-            raise ValueError(
-                f"{name}={value}: give a power of two of at least {least} (Triton's tiles "
-                "and warps come in powers of two)"
-            )
-        if value < least:
-            raise ValueError(f"{name}={value}: give a whole number of at least {least}")
-        values[f.name] = value
-    return Tiling(**values)
-
-
+# the tiling the ops use, read at each call (tools/bench_bn_silu.py sets another)
 TILING = tiling_from_env()
 
 
@@ -179,82 +123,6 @@ class FusedBatchNormSiLU(TorchFunctionMode):
         return self._dense(x)
 
 
-# --------------------------------------------------------------------------- launch plan
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2  # Triton's interpreter on the CPU (the tests)
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-# the launch settings each kernel takes (_Plan.meta); tools/bn_silu_registers.py compiles
-# every kernel with them for a GPU that need not be present
-KERNEL_KINDS = {
-    "bn_silu_stats": "reduce", "bn_silu_grad_sums": "reduce", "bn_silu_stats_merge": "merge",
-    "bn_silu_grad_merge": "merge", "bn_silu_normalise": "map", "bn_silu_input_grad": "map",
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One activation's cut under ``tiling``: ``[rows, channels]`` in channel blocks of
-    ``block_c``; elementwise row tiles of ``map_r``; reduction row tiles of ``reduce_r``,
-    ``per_program`` rows (a whole number of tiles) to each of ``programs`` row programs;
-    the merges take ``merge_c`` channels a program and the partial results of ``merge_p``
-    programs at a time."""
-
-    tiling: Tiling
-    rows: int
-    channels: int
-    block_c: int
-    map_r: int
-    reduce_r: int
-    per_program: int
-    merge_c: int
-    merge_p: int
-
-    @property
-    def channel_blocks(self) -> int:
-        return -(-self.channels // self.block_c)
-
-    @property
-    def programs(self) -> int:
-        return -(-self.rows // self.per_program)
-
-    @property
-    def merge_grid(self) -> tuple[int]:
-        return (-(-self.channels // self.merge_c),)
-
-    @property
-    def reduce_grid(self) -> tuple[int, int]:
-        return self.programs, self.channel_blocks
-
-    @property
-    def map_grid(self) -> tuple[int, int]:
-        return -(-self.rows // self.map_r), self.channel_blocks
-
-    def meta(self, kind: str) -> dict[str, int]:
-        """The tiles and warps of a kind of kernel (:data:`KERNEL_KINDS`)."""
-        t = self.tiling
-        if kind == "reduce":
-            return {"BLOCK_R": self.reduce_r, "BLOCK_C": self.block_c, "num_warps": t.reduce_warps}
-        if kind == "merge":
-            return {"BLOCK_P": self.merge_p, "BLOCK_C": self.merge_c, "num_warps": t.reduce_warps}
-        return {"BLOCK_R": self.map_r, "BLOCK_C": self.block_c, "num_warps": t.map_warps}
-
-
-def _plan(x: torch.Tensor, tiling: Tiling) -> _Plan:
-    channels = x.shape[1]
-    rows = x.numel() // channels
-    block_c = min(64, max(16, 1 << (channels - 1).bit_length()))
-    reduce_r = tiling.reduce_elements // block_c
-    target = max(1, tiling.programs_per_sm * _sms(x.device) // -(-channels // block_c))
-    per_program = reduce_r * math.ceil(math.ceil(rows / target) / reduce_r)
-    merge_c = min(block_c, tiling.merge_channels)
-    map_r, merge_p = tiling.map_elements // block_c, tiling.merge_elements // merge_c
-    return _Plan(tiling, rows, channels, block_c, map_r, reduce_r, per_program, merge_c, merge_p)
-
-
 # --------------------------------------------------------------------------- the ops
 @torch.library.custom_op(
     "falconet_graphs::bn_silu", mutates_args=("running_mean", "running_var", "out")
@@ -276,7 +144,7 @@ def bn_silu(
     of a wider channels-last tensor's channels (:func:`_row_stride`)."""
     from falconet_graphs_cuda import bn_silu_kernels as k
 
-    p = _plan(x, TILING)
+    p = plan_launch(x, TILING)
     partial_mean = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_m2 = torch.empty_like(partial_mean)
     mean = x.new_empty(p.channels, dtype=torch.float32)
@@ -327,7 +195,7 @@ def bn_silu_backward(
     from falconet_graphs_cuda import bn_silu_kernels as k
 
     grad_z = grad_z.contiguous(memory_format=torch.channels_last)
-    p = _plan(x, TILING)
+    p = plan_launch(x, TILING)
     partial_dy = x.new_empty((p.programs, p.channels), dtype=torch.float32)
     partial_dy_xhat = torch.empty_like(partial_dy)
     grad_bias = torch.empty_like(bias)
