@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from falconet_graphs_cuda.optimizer_state import has_state, make_state, state_tensors
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
 from falconet_graphs_cuda.static_update import Group, adamw_update, packed_like, sgd_update
 from falconet_graphs_cuda.step_modes import COMPILED_NETWORK, fused_bn_silu, side_stream_applies
@@ -156,58 +157,17 @@ class StaticStep:
 
     # ------------------------------------------------------------------------ host to device
     def make_state(self) -> None:
-        """Give the optimizer its state before its first step: SGD's momentum buffers as
-        zeros, AdamW's state as torch itself makes it.
-
-        The update graph reads and writes the optimizer's state, so nothing can be recorded
-        before that state exists; torch makes it on the optimizer's first step. With fp16 that
-        first step waits for the gradient scaler's first taken update (the first ones overflow
-        while the scale comes down from its start), and with gradient accumulation it comes
-        after ``accumulate`` batches, all of them eager until then.
-
-        SGD makes a buffer as a copy of the gradient; a zero buffer gives the same numbers:
-        torch's step with a buffer is ``b = momentum x b + (1 - dampening) x g``, and with
-        ``dampening`` 0 that is ``0 + g = g``, exactly (at most a zero's sign differs). AdamW
-        (without ``amsgrad``, ``fused`` or ``capturable``) starts from exactly what this makes:
-        a host step count of 0 in torch's scalar dtype and zero moments. torch's own step takes
-        these as it takes its own, so eager batches, checkpoints and resume are unchanged."""
-        optimizer = self.parts.optimizer
-        groups = optimizer.param_groups
-        if self.adamw:
-            if any(g.get(k) for g in groups for k in ("amsgrad", "fused", "capturable")):
-                return
-        elif any(g["dampening"] for g in groups):
-            return
-        # torch.optim's scalar dtype for the host step count (its _get_scalar_dtype)
-        step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-        stepped = {id(p) for p in self.params}
-        for group in groups:  # in torch's order, as its own step fills state
-            for param in group["params"]:
-                state = optimizer.state[param]
-                if id(param) not in stepped:
-                    continue
-                if self.adamw and not state:
-                    state["step"] = torch.tensor(0.0, dtype=step_dtype)
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(
-                        param, memory_format=torch.preserve_format
-                    )
-                elif not self.adamw and state.get("momentum_buffer") is None:
-                    state["momentum_buffer"] = torch.zeros_like(param)
+        """Give the optimizer its state before its first step (:func:`make_state`)."""
+        make_state(self.parts.optimizer, self.params, adamw=self.adamw)
 
     def ready(self) -> bool:
-        """Whether the optimizer has its state (:meth:`make_state`, or its first eager step:
-        AdamW with ``amsgrad``, SGD with ``dampening``)."""
-        state = self.parts.optimizer.state
-        key = "exp_avg" if self.adamw else "momentum_buffer"
-        return all(state.get(p, {}).get(key) is not None for p in self.params)
+        """Whether the optimizer has its state (:func:`has_state`)."""
+        return has_state(self.parts.optimizer, self.params, adamw=self.adamw)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The optimizer's device state the update writes (for a recorder to save and
         restore around its warm-up)."""
-        state = self.parts.optimizer.state
-        keys = ("exp_avg", "exp_avg_sq") if self.adamw else ("momentum_buffer",)
-        return [state[p][k] for p in self.params for k in keys]
+        return state_tensors(self.parts.optimizer, self.params, adamw=self.adamw)
 
     def bind(self) -> None:
         """Make the static buffers the parameters' ``.grad``, keeping any gradient already
