@@ -306,7 +306,7 @@ def pending_until(records_at: int, eager_at: set[int] = frozenset()):
         (7, {11, 12}, 10, 2),  # replays, but two batches of the window ran eager: counted
     ],
 )
-def test_the_window_waits_for_a_pending_step_runner(
+def test_the_window_waits_for_a_pending_step(
     keys, installed_falconet_plugins, records_at, eager_at, clock_from, eager_in_window
 ):
     trainer = _scripted_trainer(

@@ -22,7 +22,7 @@ the batches it does not replay. Per batch:
   ``cuda-graph``, docs/performance.md).
 
 Eager and replayed batches mix freely inside an accumulation window: the static gradient
-buffers are the parameters' ``.grad`` whenever the runner replays, and an eager batch adds
+buffers are the parameters' ``.grad`` whenever the whole step replays, and an eager batch adds
 into them as autograd does.
 """
 

@@ -19,12 +19,12 @@ a window that holds one would report that cost (and its ``cudaMalloc`` calls) as
 A capture during the discarded batches or the unsynchronised half moves the window so that it
 starts only after ``profile_warmup`` batches in a row without one (at most
 ``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
-``profile.json`` (``window.graph_captures``). Captures are read from the backend's wrappers,
-whose ``counts["recorded"]`` and ``counts["failed"]`` say how many it has tried
-(:func:`graph_captures`). A step runner that is ``pending`` (it will record but has not yet:
-whole-step before its first key has repeated, or with AdamW before its first step) moves the
-window the same way, so the eager batches before its first recording are
-not timed as the backend's; batches it ran eagerly inside the window anyway are counted
+``profile.json`` (``window.graph_captures``). Captures are read from the run's step
+(``run.step_stats()``, a :class:`~falconet.training.step.CaptureStats` whose ``recorded`` and
+``failed`` say how many it has tried). A step that is ``pending`` (it will record but has not
+yet: whole-step before its first key has repeated, or with AdamW before its first step) moves
+the window the same way, so the eager batches before its first recording are not timed as
+the backend's; batches it ran eagerly inside the window anyway are counted
 (``window.eager_batches``) and the report says so.
 
 Distributed runs: a run's callbacks run on rank 0 only, so rank 0 profiles its own steps
@@ -157,8 +157,8 @@ class Profiler:
             torch.cuda.synchronize(run.device)
 
     def _follow_captures(self, run: RunState) -> None:
-        """After batch ``self.seen``: if the graph backend captured during it, or its step
-        runner is still pending, start the window ``profile_warmup`` batches later (dropping
+        """After batch ``self.seen``: if the graph backend captured during it, or the run's
+        step is still pending, start the window ``profile_warmup`` batches later (dropping
         an unsynchronised half begun), or, in the synchronised half or past the wait limit,
         count the capture."""
         stats = run.step_stats()
@@ -175,7 +175,7 @@ class Profiler:
             self.captures_in_window += captured
             return
         if part == "unsynced" and self.measuring:
-            why = "a graph capture" if captured else "the step runner still eager"
+            why = "a graph capture" if captured else "the step still eager (pending)"
             log.info("profiler: %s at batch %d; the window starts again", why, self.seen)
             run.phases.reset()
             self.clock.batch = None
