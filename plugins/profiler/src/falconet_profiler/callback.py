@@ -53,19 +53,11 @@ MAX_WAIT_BATCHES = 200
 """How many batches past ``profile_warmup`` the window may be moved to wait out captures."""
 
 
-def _rank_and_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 class Profiler:
     """Callback factory and callback: ``Profiler()`` is added by ``profile=true``.
 
-    :param rank: this process's rank (default: torch.distributed's, else 0); only rank 0
-        measures and writes.
+    :param rank: this process's rank (default: the run's, :attr:`RunState.rank`); only
+        rank 0 measures and writes.
     """
 
     name = "profiler"
@@ -86,8 +78,8 @@ class Profiler:
         cfg = run.config
         first_update = run.accumulate - 1  # the batch of the first optimizer step
         self.window = Window(first_update + cfg.profile_warmup, cfg.profile_steps)
-        rank, self.world_size = _rank_and_world()
-        self.rank = rank if self.forced_rank is None else self.forced_rank
+        self.world_size = run.world_size
+        self.rank = run.rank if self.forced_rank is None else self.forced_rank
         self.measuring = self.rank == 0
         if not self.measuring:
             log.info("profiler: rank %d does not profile; rank 0 does", self.rank)

@@ -48,6 +48,8 @@ class RunState:
     :param progress: epoch and optimizer updates (shared with the step).
     :param phases: the phase timer the step runs under (a profiler installs its own).
     :param installed: the installed backends' names.
+    :param world_size: the processes that train the run (1 unless distributed).
+    :param rank: this process's rank among them (callbacks run on rank 0 only).
     """
 
     run_dir: Path

@@ -98,6 +98,8 @@ class Trainer:
                 frozenset(plugins.graph_backends.names(with_aliases=True)),
                 frozenset(plugins.precision_backends.names(with_aliases=True)),
             ),
+            world_size=run.world.size,
+            rank=run.world.rank,
             _stats=run.step.stats,
             _stop=self.request_stop,
         )
