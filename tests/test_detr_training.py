@@ -27,3 +27,19 @@ def test_detr_n_trains_with_its_recipe_and_its_checkpoint_predicts(tiny_run):
     images = Path(tiny_run["data"]).parent / "images" / "val"
     results = detector.predict(images, conf=0.0001, device="cpu")
     assert len(results) == 8 and all(len(r["boxes"]) == len(r["scores"]) for r in results)
+
+
+def test_a_checkpoint_trained_in_a_precision_not_available_here_evaluates(tiny_run, tmp_path):
+    """An fp8-trained checkpoint (its precision needs a CUDA GPU and Transformer Engine) with a
+    key of a plugin not installed here: ``val`` drops the key and evaluates in ``auto``."""
+    import torch
+
+    summary = Detector("detr-n").train(**tiny_run, epochs=1)
+    checkpoint = torch.load(
+        Path(summary["run_dir"]) / "weights" / "best.pt", map_location="cpu", weights_only=True
+    )
+    checkpoint["config"] = {**checkpoint["config"], "amp_dtype": "fp8", "absent_key": 1}
+    moved = tmp_path / "fp8-trained.pt"
+    torch.save(checkpoint, moved)
+    result = Detector(moved).val(data=tiny_run["data"], device="cpu", imgsz=64)
+    assert 0.0 <= result.stats["AP"] <= 1.0
