@@ -71,170 +71,73 @@ FORCED_SCALE = 2.0**40  # the forced overflow's scale: any fp16 gradient of the 
 
 
 # ------------------------------------------------------------------------------------------
-# The trainer's API, in this one place.
-#
-# This script must run against the trainer before issue 28's step seam (commit 9f7be47) and
-# after it:
-#   before: ``falconet.training.setup.plan_run``; ``Trainer.train_batch(images, targets, *,
-#           optimizer_step)`` with targets a dict of ``TARGET_KEYS``; the parts are trainer
-#           attributes (``trainer.model``, ``.optimizer``, ``.scaler``, ...); capture counts in
-#           ``trainer.step_runner.counts`` (whole-step) and ``trainer.network.counts``
-#           (cuda-graph);
-#   after:  ``plan_run`` in ``falconet.training.planning``; a step object,
-#           ``step(images, targets, *, update) -> (loss, parts)``, with ``step.stats()`` (a
-#           dataclass of capture counts); targets a ``falconet.data.targets.Targets``
-#           (``Targets.from_batch(batch).to(device)``); the parts attributes of one object the
-#           trainer holds (``trainer.run.model``, ...).
-# Which one is there is detected (``hasattr(trainer, "train_batch")``, ``Targets``
-# importable, where an attribute is found); nothing outside this section touches a trainer.
+# An arm: a trainer, seen through its run's parts (``trainer.run``) and its step
 # ------------------------------------------------------------------------------------------
-def _plan_run():
-    try:
-        from falconet.training.setup import plan_run  # before
-    except ImportError:
-        from falconet.training.planning import plan_run  # after
-    return plan_run
-
-
-def _targets_type():
-    """``falconet.data.targets.Targets`` where it exists (after), else None (before: dicts)."""
-    try:
-        from falconet.data.targets import Targets
-    except ImportError:
-        return None
-    return Targets
-
-
-def _find(owner: Any, name: str) -> Any:
-    """``owner.name``, or the attribute ``name`` of one of ``owner``'s attributes (the object
-    holding a run's parts, after), or None."""
-    if hasattr(owner, name):
-        return getattr(owner, name)
-    for value in vars(owner).values():
-        if not isinstance(value, (nn.Module, torch.Tensor, dict, list, tuple)) and hasattr(
-            value, name
-        ):
-            return getattr(value, name)
-    return None
-
-
-def _step_object(trainer: Any) -> Any:
-    """The trainer's step object (after), or None (before: ``Trainer.train_batch``)."""
-    if hasattr(trainer, "train_batch"):
-        return None
-    for name in ("step", "train_step", "step_fn"):
-        step = _find(trainer, name)
-        if callable(step) and not isinstance(step, nn.Module):
-            return step
-    raise TypeError(
-        "check_graphs: found neither Trainer.train_batch nor a step object on the trainer; "
-        "teach Arm (tools/check_graphs.py, 'The trainer's API') the new step API"
-    )
-
-
-def _step_callable(trainer: Any):
-    """``fn(images, targets, update) -> loss or (loss, parts)``, whichever API is there."""
-    import inspect
-
-    step = _step_object(trainer)
-    if step is None:
-        return lambda images, targets, update: trainer.train_batch(
-            images, targets, optimizer_step=update
-        )
-    keyword = "update" if "update" in inspect.signature(step).parameters else "optimizer_step"
-    return lambda images, targets, update: step(images, targets, **{keyword: update})
-
-
 class Arm:
-    """One trainer of a paired run, seen through the pieces both APIs have."""
+    """One trainer of a paired run: its run's parts (``trainer.run``) and its step
+    (``run.step``, a :class:`~falconet.training.step.TrainStep`)."""
 
     def __init__(self, keys: dict, ddp: bool = False) -> None:
         from falconet.plugins import get_plugins
+        from falconet.training.planning import plan_run
         from falconet.training.trainer import Trainer
 
         plugins = get_plugins()
-        self.trainer = Trainer(_plan_run()(keys, plugins), plugins)
+        self.trainer = Trainer(plan_run(keys, plugins), plugins)
+        self.run = self.trainer.run
         if ddp:
             replicate_step(self.trainer, plugins)
-        self._step = _step_callable(self.trainer)
-        self._targets = _targets_type()
 
     # the parts a step is made of
     @property
     def device(self) -> torch.device:
-        return _find(self.trainer, "device")
+        return self.run.device
 
     @property
     def accumulate(self) -> int:
-        return int(_find(self.trainer, "accumulate"))
+        return int(self.run.accumulate)
 
     @property
     def model(self) -> nn.Module:
-        return _find(self.trainer, "model")
+        return self.run.model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return _find(self.trainer, "optimizer")
+        return self.run.optimizer
 
     @property
     def ema_module(self) -> nn.Module | None:
-        ema = _find(self.trainer, "ema")
-        return None if ema is None else ema.module
+        return None if self.run.ema is None else self.run.ema.module
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
-        """The fp16 gradient scaler (a ``torch.amp.GradScaler``, or a subclass), or None."""
-        scaler = _find(self.trainer, "scaler")
-        if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
-            return scaler
-        return None
+        """The fp16 gradient scaler (a ``torch.amp.GradScaler`` subclass), or None."""
+        scaler = self.run.scaler
+        return scaler if scaler is not None and scaler.is_enabled() else None
 
     @property
     def loader(self):
-        return _find(self.trainer, "train_loader")
+        return self.run.train_loader
 
     @property
     def called_through(self) -> str:
         """The type of what the step calls as its network (DistributedDataParallel under
-        ``--ddp``), or ``-`` for a step that holds none."""
-        step = _step_object(self.trainer)
-        network = getattr(step, "network", None)
+        ``--ddp``), or ``-`` for a step that holds none (whole-step calls the model itself)."""
+        network = getattr(self.run.step, "network", None)
         return "-" if network is None else type(network).__name__
 
     @property
     def used(self) -> str:
         """The graph backend that runs (one that declines runs eager)."""
-        return str(_find(self.trainer, "graph"))
+        return str(self.run.graph)
 
     def capture_stats(self) -> dict:
-        """What the backend counted (recorded, replayed, eager batches; its failure), by
-        owner: the step object's ``stats()`` (after); the step runner's (whole-step) and the
-        network's (cuda-graph) ``counts`` and ``failed`` (before)."""
+        """What the backend counted (recorded, replayed, eager batches; its failure): the
+        step's ``stats()``."""
         import dataclasses
 
-        out: dict = {}
-        step = _step_object(self.trainer)
-        stats = getattr(step, "stats", None)
-        if callable(stats):
-            found = stats()
-            if dataclasses.is_dataclass(found):
-                found = dataclasses.asdict(found)
-            out["step"] = {k: v for k, v in dict(found).items() if _plain(v)}
-            return out
-        for name in ("step_runner", "network"):
-            owner = _find(self.trainer, name)
-            found: dict = {}
-            counts = getattr(owner, "counts", None)
-            if isinstance(counts, dict):
-                found |= {k: v for k, v in counts.items() if _plain(v)}
-            failed = getattr(owner, "failed", None)
-            if failed:
-                found["failed_with"] = (
-                    [str(v) for v in failed.values()] if isinstance(failed, dict) else str(failed)
-                )
-            if found:
-                out[name] = found
-        return out
+        found = dataclasses.asdict(self.run.step.stats())
+        return {"step": {k: v for k, v in found.items() if _plain(v)}}
 
     # the scaler, through GradScaler's public API
     def scale(self) -> float | None:
@@ -250,16 +153,12 @@ class Arm:
     def step(self, batch: dict, update: bool) -> torch.Tensor:
         """One batch (forward, loss, backward; the optimizer step and EMA if ``update``), as
         the training loop runs it; returns the loss (a device tensor)."""
+        from falconet.data.targets import Targets
+
         device = self.device
         images = batch["images"].to(device).float().div_(255)
-        if self._targets is not None:
-            targets = self._targets.from_batch(batch).to(device)
-        else:
-            from falconet.data.targets import TARGET_KEYS
-
-            targets = {k: batch[k].to(device) for k in TARGET_KEYS}
-        out = self._step(images, targets, update)
-        return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+        targets = Targets.from_batch(batch).to(device)
+        return self.run.step(images, targets, update=update).loss
 
 
 def replicate_step(trainer: Any, plugins: Any) -> None:
