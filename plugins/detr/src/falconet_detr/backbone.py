@@ -6,16 +6,28 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from falconet import ops
+
 
 class ConvNorm(nn.Sequential):
-    """Convolution, BatchNorm and (unless ``act=False``) SiLU."""
+    """Convolution, BatchNorm and (unless ``act=False``) SiLU: ``[B, cin, H, W] ->
+    [B, cout, H / stride, W / stride]``.
+
+    BatchNorm and SiLU go through :func:`falconet.ops.batch_norm_silu`, so a backend that
+    replaces the op reaches this family as it reaches the yolo family (graphs-cuda's
+    ``bn_silu=triton`` does in the whole step, which does not take this family's loss yet:
+    docs/models.md); run as is, it is BatchNorm then SiLU. A sequence of the convolution and
+    the BatchNorm, so the weights keep their names (``0.weight``, ``1.running_mean``, ...)
+    in saved checkpoints."""
 
     def __init__(self, cin: int, cout: int, k: int = 1, stride: int = 1, act: bool = True) -> None:
-        super().__init__(
-            nn.Conv2d(cin, cout, k, stride, k // 2, bias=False),
-            nn.BatchNorm2d(cout),
-            nn.SiLU(inplace=True) if act else nn.Identity(),
-        )
+        super().__init__(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout))
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv, bn = self
+        y = conv(x)
+        return ops.batch_norm_silu(y, bn) if self.act else bn(y)
 
 
 class BasicBlock(nn.Module):
