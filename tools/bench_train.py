@@ -1,4 +1,4 @@
-"""Training speed side by side: falconet against Ultralytics and LibreYOLO, same data and GPU.
+"""Training speed side by side: falconet against Ultralytics, LibreYOLO, RF-DETR; same data, GPU.
 
     python tools/bench_train.py --data .data/coco128 --arms falconet,ultralytics,libreyolo \\
         --batch 16,64 --repeats 3 --epochs 4 --repeat-data 4 --out bench.json
@@ -15,8 +15,8 @@ Per arm and batch size:
   CPU cores busy over the same epochs (``cpu_cores``: the process's threads and its loader
   workers, from /proc); for a falconet graph backend also its captures and their host time
   over the run (``capture_s``);
-* **isolated step** (falconet, Ultralytics): forward + loss + backward + optimizer + EMA on
-  one fixed batch, 20 warm-up steps, median of 100, CUDA events;
+* **isolated step** (falconet, Ultralytics, RF-DETR): forward + loss + backward + optimizer +
+  EMA on one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
   20 steps), kernels per step and host syncs per step (``set_sync_debug_mode("warn")``);
 * **accuracy**, once per arm: the losses of the last timed epoch (each framework's own terms)
@@ -24,12 +24,15 @@ Per arm and batch size:
   ``--overfit-batch``), scored by the framework's own evaluator.
 
 An arm may carry falconet keys after colons (``falconet:optimizer=adamw:lr0=0.000119``: the
-recipe closest to a peer's).
+recipe closest to a peer's); an ``rfdetr`` arm carries its own configs' fields
+(``rfdetr:imgsz=384:cuda_graphs=true``, :func:`run_rfdetr`).
 
 Settings shared by every arm: 640 px, fp16 autocast (each framework's AMP), cache in RAM,
 ``--workers`` loader workers, mosaic throughout, from scratch, nothing downloaded. The peers
-run offline as docs/benchmarks.md describes (environment set here). Prints a markdown table of
-medians with the ratio to Ultralytics and writes every raw result to ``--out``.
+run offline as docs/benchmarks.md describes (environment set here). RF-DETR
+(``rfdetr:imgsz=384``) differs where its trainer does (:func:`run_rfdetr`): bf16 autocast, its
+own augmentation (no mosaic), no cache. Prints a markdown table of medians with the ratio to
+Ultralytics and writes every raw result to ``--out``.
 """
 
 from __future__ import annotations
@@ -450,7 +453,230 @@ def run_libreyolo(args) -> dict:
     }
 
 
-ARMS = {"falconet": run_falconet, "ultralytics": run_ultralytics, "libreyolo": run_libreyolo}
+def rfdetr_dataset(data_yaml: Path, folder: Path, overfit: bool) -> Path:
+    """The run's data as the COCO-format folders RF-DETR reads (``train/`` and ``valid/``, each
+    with its ``_annotations.coco.json``), written from the YOLO labels every other arm trains on:
+    the same boxes and the same 80 classes (category ids 0-79, YOLO's), the images by symlink.
+    The overfit's train split is COCO128 once, as overfit.yaml's is."""
+    import yaml
+    from PIL import Image
+
+    source = data_yaml.parent
+    names = yaml.safe_load(data_yaml.read_text())["names"]
+    names = dict(enumerate(names)) if isinstance(names, list) else names
+    categories = [{"id": int(k), "name": v, "supercategory": "none"} for k, v in names.items()]
+    for split, images in (("train", "val" if overfit else "train"), ("valid", "val")):
+        out = folder / split
+        out.mkdir(parents=True)
+        entries, boxes = [], []
+        for index, image in enumerate(sorted((source / "images" / images).iterdir())):
+            (out / image.name).symlink_to(image)
+            with Image.open(image) as opened:  # reads the header only
+                width, height = opened.size
+            entries.append({"id": index, "file_name": image.name, "width": width, "height": height})
+            label = source / "labels" / images / f"{image.stem}.txt"
+            for line in label.read_text().splitlines() if label.exists() else []:
+                cls, cx, cy, w, h = (float(v) for v in line.split()[:5])  # normalised centre, size
+                box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
+                boxes.append(
+                    {
+                        "id": len(boxes),
+                        "image_id": index,
+                        "category_id": int(cls),
+                        "bbox": box,
+                        "area": box[2] * box[3],
+                        "iscrowd": 0,
+                    }
+                )
+        coco = {"images": entries, "annotations": boxes, "categories": categories}
+        (out / "_annotations.coco.json").write_text(json.dumps(coco))
+    return folder
+
+
+def _offline_rfdetr(home: Path) -> None:
+    """What RF-DETR needs to run without a network. Nano's DINOv2 encoder (patch 16) is built
+    from the config JSON the package ships, never fetched, and ``pretrain_weights=None`` skips
+    the checkpoint download; the Hugging Face switches make any other hub access fail at once
+    instead of waiting on the network, and ``RF_HOME`` keeps its model cache in the run's folder."""
+    os.environ.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", RF_HOME=str(home)
+    )
+
+
+def run_rfdetr(args) -> dict:
+    """RF-DETR Nano (Roboflow's ``rfdetr``) from random init, trained by its own Lightning stack:
+    its ``RFDETRModelModule`` (the network, its criterion, and the AdamW with layer-wise
+    learning-rate decay that its ``configure_optimizers`` builds), its ``RFDETRDataModule`` (its
+    COCO reader and augmentation) and the ``Trainer`` its ``build_trainer`` assembles (precision,
+    gradient clipping at 0.1, its EMA callback, its checkpoints). ``RFDETR.train`` is those
+    three calls and ``fit``; they are called here directly so that a clock can be added as a
+    Lightning callback.
+
+    Precision: ``amp_dtype=bf16`` (its trainer's choice on an H200 by default): Lightning's
+    ``bf16-mixed``, bf16 autocast over fp32 weights, no loss scaler, fused AdamW; fp32 matmuls in
+    TF32 (``build_trainer`` sets ``float32_matmul_precision("high")``). On a CPU it trains in
+    fp32 whatever is asked. Resolution: the arm's ``imgsz`` (``rfdetr:imgsz=384``, Nano's
+    native size; else ``--imgsz``), a multiple of 32; multi-scale is off (its default trains at
+    11 sizes around it), so every batch is that square size, as the other arms' are.
+
+    Variants are its own: ``cuda_graphs=true`` captures the training forward as a CUDA graph
+    (loss, backward and optimizer stay eager; bf16 only, else it warns and runs eager:
+    ``cuda_graphs_ran`` says which ran), ``compile=true`` is ``torch.compile``, both together
+    Inductor's CUDA graph trees. Any other key is a field of its ``ModelConfig`` or
+    ``TrainConfig`` (``rfdetr:lr=0.0002``; ``amp_dtype=fp16``: fp16 autocast with its loss
+    scaler), validated by its pydantic configs, so a misspelt key fails the arm.
+
+    * step: one fixed batch of its own loader, on the device before the run, fed to its own
+      ``fit`` ``--warmup`` + ``--steps`` times; a step is from its batch start to its batch end
+      (forward, loss, backward, clipping, AdamW, zero_grad, the EMA update, Lightning's
+      per-step logging), timed by CUDA events and synchronised, median after the warm-up.
+    * e2e: its whole loop, validation off (``limit_val_batches=0``); images per epoch are its
+      batches times the batch size (it pads the set to whole batches). It has no RAM cache:
+      its reader decodes every JPEG every epoch.
+    * overfit: validated once, after the last epoch, by its own evaluator (the EMA weights,
+      ``faster_coco_eval``: the backend shipped for its import anyway; its default ``vernier``
+      gives the same numbers) at COCO's 100 detections per image (its default is 500).
+
+    Like Ultralytics', its host syncs and kernels are not counted."""
+    folder = Path(args.tmp) / f"rfdetr-{os.getpid()}"  # measurements may run side by side
+    try:
+        return _rfdetr_measure(args, folder)
+    finally:  # its checkpoints: some 0.85 GB a measurement, a run's many would fill the disk
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _rfdetr_measure(args, folder: Path) -> dict:
+    import statistics
+
+    import torch
+    from pytorch_lightning import Callback
+
+    _offline_rfdetr(folder / "home")
+    from rfdetr.config import RFDETRNanoConfig, TrainConfig
+    from rfdetr.training import RFDETRDataModule, RFDETRModelModule, build_trainer
+
+    measure = args.measure
+    keys = dict(args.arm_keys)
+    resolution = int(keys.pop("imgsz", args.imgsz))
+    model_keys = {k: keys.pop(k) for k in list(keys) if k in RFDETRNanoConfig.model_fields}
+    model_config = RFDETRNanoConfig(
+        pretrain_weights=None, resolution=resolution, num_classes=80, **model_keys
+    )
+    train_keys = dict(
+        dataset_dir=str(rfdetr_dataset(args.data_yaml, folder / "data", measure == "overfit")),
+        output_dir=str(folder / "run"),
+        epochs={"overfit": args.overfit_epochs, "step": 1}.get(measure, args.epochs),
+        batch_size=args.batch,
+        num_workers=0 if measure == "step" else args.workers,  # step: one batch, read here
+        amp_dtype="bf16",
+        multi_scale=False,
+        tensorboard=False,
+        progress_bar=None,
+        eval_backend="faster_coco_eval",
+        eval_max_dets=100,
+        eval_interval=args.overfit_epochs if measure == "overfit" else 1,
+    )
+    train_config = TrainConfig(**{**train_keys, **keys})  # an arm's own keys win
+    module = RFDETRModelModule(model_config, train_config)
+    no_val = {} if measure == "overfit" else {"limit_val_batches": 0}
+    trainer = build_trainer(train_config, model_config, **no_val)
+    result: dict = {}
+    if measure == "overfit":
+        trainer.fit(module, RFDETRDataModule(model_config, train_config))
+        metrics = trainer.callback_metrics
+        return {
+            "map50_95": float(metrics["val/mAP_50_95"]),
+            "map50": float(metrics["val/mAP_50"]),
+            "evaluator": "rfdetr (faster-coco-eval, EMA weights)",
+        }
+    if measure == "e2e":
+        clock = EpochClock()
+
+        class Clock(Callback):
+            def on_train_start(self, trainer, pl_module) -> None:
+                clock.tick()
+
+            def on_train_epoch_end(self, trainer, pl_module) -> None:
+                clock.tick()
+
+        trainer.callbacks.append(Clock())
+        trainer.fit(module, RFDETRDataModule(model_config, train_config))
+        clock.drop_first()
+        result["img_s"] = clock.throughput(trainer.num_training_batches * args.batch)
+        result["cpu_cores"] = round(clock.cores(), 2)
+        result["loss_last_epoch"] = {  # its logged epoch means (class_error and such left out)
+            k.removeprefix("train/"): float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith("train/loss")
+        }
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+        class Repeated:
+            """One batch ``count`` times: what Lightning takes for a loader (a list it would
+            take for a list of loaders)."""
+
+            def __init__(self, batch, count: int) -> None:
+                self.batch, self.count = batch, count
+
+            def __len__(self) -> int:
+                return self.count
+
+            def __iter__(self):
+                return itertools.repeat(self.batch, self.count)
+
+        class OneBatch(RFDETRDataModule):
+            """Its data module; once ``batch`` is set, it serves that batch at every step."""
+
+            batch = None
+
+            def train_dataloader(self):
+                if self.batch is None:
+                    return super().train_dataloader()
+                return Repeated(self.batch, args.warmup + args.steps)
+
+        class StepClock(Callback):
+            """Each step, batch start to batch end: appended last, so after the EMA update."""
+
+            def __init__(self) -> None:
+                self.ms: list[float] = []
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+                if device.type == "cuda":
+                    self.start = torch.cuda.Event(enable_timing=True)
+                    self.start.record()
+                else:
+                    self.start = time.perf_counter()
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+                if device.type == "cuda":
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    end.synchronize()
+                    self.ms.append(self.start.elapsed_time(end))
+                else:
+                    self.ms.append((time.perf_counter() - self.start) * 1e3)
+
+        datamodule = OneBatch(model_config, train_config)
+        datamodule.setup("fit")
+        first = next(iter(datamodule.train_dataloader()))
+        datamodule.batch = datamodule.transfer_batch_to_device(first, device, 0)
+        steps = StepClock()
+        trainer.callbacks.append(steps)
+        trainer.fit(module, datamodule)
+        result["step_ms"] = statistics.median(steps.ms[args.warmup :])
+    result["precision"] = str(trainer.precision)
+    # what ran (its module's own flags): it sets them only where its checks let capture go on
+    result["cuda_graphs_ran"] = module._cuda_graph_runner is not None or module._inductor_cudagraphs
+    return result
+
+
+ARMS = {
+    "falconet": run_falconet,
+    "ultralytics": run_ultralytics,
+    "libreyolo": run_libreyolo,
+    "rfdetr": run_rfdetr,
+}
 
 
 # ------------------------------------------------------------------------ orchestration

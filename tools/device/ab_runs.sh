@@ -33,6 +33,10 @@
 #           epochs of COCO128 x4 each: the batch chosen, the probe's seconds, the run's peak
 #   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
+#   tests   pytest on tests_paths (the working tree's, with the side's packages): the GPU-only
+#           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
+# With with_te=1, Transformer Engine (.te, carried: tools/device/te_bundle.sh) is installed
+# beside every side's packages first (tools/device/te_install.sh), for amp_dtype=fp8 arms.
 # Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
 set -uo pipefail
 export MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
@@ -50,6 +54,9 @@ for dir in .ab/*/; do
     --target "/tmp/site-$side" .whl/*.whl ".ab/$side"/whl/*.whl || exit 1
   echo "side $side: commit $(cat ".ab/$side/commit")"
 done
+if [[ ${with_te:-0} == 1 ]]; then
+  bash tools/device/te_install.sh /tmp/site-* || exit 1
+fi
 ws=falconet:graph=whole-step
 amp=${ab_amp:-fp16,bf16}
 arms=${ab_step_arms:-$ws:amp_dtype=fp16,$ws:amp_dtype=bf16}
@@ -104,6 +111,10 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --arms "${overfit_arms:-$ws:amp_dtype=fp16}" --repeats 1 --measures overfit \
         --overfit-epochs "${overfit_epochs:-30}" --gpus "${overfit_gpus:-0}" --timeout "${overfit_timeout:-500}" \
         --out "$out" ;;
+    tests)
+      # shellcheck disable=SC2086  # tests_paths: several paths
+      (cd "$root" && timeout "${tests_timeout:-200}" python -m pytest -q -p no:cacheprovider \
+        -o addopts="--import-mode=importlib" ${tests_paths:-plugins} -rs) ;;
     syncs)
       timeout "${syncs_timeout:-200}" python find_syncs.py --data "$data/coco128.yaml" \
         --model "${syncs_model:-yolo-n}" --imgsz "${syncs_imgsz:-640}" \
