@@ -49,8 +49,12 @@ def requirement_name(requirement: str) -> str:
     return canonical(re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0))
 
 
+CARRIED_APART = {"transformer-engine"}
+"""Provided by tools/device/te_install.sh from its own archive (too large for .whl as is)."""
+
+
 def main(wheel_dir: Path) -> None:
-    present = device_packages()
+    present = device_packages() | CARRIED_APART
     own = {canonical(wheel_metadata(w)[0]) for w in wheel_dir.glob("*.whl")}
     wanted = sorted(
         {
