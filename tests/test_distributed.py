@@ -93,6 +93,7 @@ def _torchrun(port: int) -> list[str]:
 
 STEP_SCRIPT = """
 import functools
+import os
 import sys
 
 import torch
@@ -160,6 +161,7 @@ for i in range(8):
 if world.main:
     torch.save({"model": model.state_dict(), "updates": parts.progress.updates}, sys.argv[1])
 stop()
+os._exit(0)  # as GRAPHED_SCRIPT does: past the teardown abort of a Gloo thread
 """
 
 

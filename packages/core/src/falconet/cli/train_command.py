@@ -92,8 +92,24 @@ def train(keys: tuple[str, ...]) -> None:
     summary = _run(action)
     from falconet.training.distributed import world_from_env
 
-    if world_from_env().main:  # one summary for a distributed run, rank 0's
+    world = world_from_env()
+    if world.main:  # one summary for a distributed run, rank 0's
         click.echo(_summary_table(summary))
+    if world.distributed:
+        _leave_worker()
+
+
+def _leave_worker() -> None:
+    """End a torchrun worker whose run ended well without the interpreter's teardown: the
+    process group is already destroyed and every file written, but a Gloo thread still
+    joining at finalization aborts a rank now and then ("terminate called without an active
+    exception"), which would turn a finished run into a failed job."""
+    import os
+
+    logging.shutdown()  # every handler flushed and closed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
