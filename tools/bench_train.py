@@ -289,7 +289,7 @@ def run_falconet(args) -> dict:
         start = time.perf_counter()
         result["step_ms"] = median_ms(step, args.warmup, args.steps)
         seconds["timed"] = time.perf_counter() - start
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and args.gpu_profile:
             start = time.perf_counter()
             result.update(gpu_profile(step))
             seconds["profile"] = time.perf_counter() - start
@@ -752,6 +752,7 @@ def spawn(
         str(args.steps),
         "--overfit-epochs",
         str(args.overfit_epochs),
+        "--gpu-profile" if args.gpu_profile else "--no-gpu-profile",
     ]
     env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
@@ -921,6 +922,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="isolated step: warm-up steps")
     parser.add_argument("--steps", type=int, default=100, help="isolated step: timed steps")
     parser.add_argument("--gpus", help="run measurements in parallel, one per GPU: 0,1")
+    parser.add_argument(
+        "--gpu-profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="isolated step: GPU busy, kernels and syncs per step (20-40 s an arm on a DETR)",
+    )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table-from", nargs="+", type=Path, help="print saved runs' tables")

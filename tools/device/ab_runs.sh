@@ -9,7 +9,7 @@
 # Jobs:
 #   update  tools/bench_update.py: the whole step's update, whole and part by part (ab_amp)
 #   step    tools/bench_train.py --measures step at step_batches (16): ab_step_arms (fp16 and bf16
-#           whole-step by default)
+#           whole-step by default); step_args adds arguments (e.g. --no-gpu-profile)
 #   warm    untimed, the step job's arms once each, all at a time: Inductor's caches on the
 #           machine then hold the compiled (fuse=) arms, which later step jobs load in seconds
 #   check   tools/check_graphs.py --strict in ab_check_amp (ab_amp by default), 24 steps, no
@@ -72,7 +72,7 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --batch 16 --amp "$amp" --out "$out" ;;
     step)
       timeout "${step_timeout:-150}" python bench_train.py --data "$data" --batch "${step_batches:-16}" \
-        --arms "$arms" --repeats 1 \
+        --arms "$arms" --repeats 1 ${step_args:-} \
         --measures step --gpus 0 --timeout "${step_timeout:-150}" --out "$out" ;;
     warm)
       # untimed: the step arms once, all at a time, so that the step jobs load compiled (fuse=)

@@ -84,3 +84,24 @@ def test_converted_layers_keep_the_plain_state_dict_and_train():
     optimizer.step()
     assert not torch.equal(model.state_dict()["1.weight"].cpu(), expected["1.weight"])
     mlp().load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or Fp8Precision().unavailable_reason(torch.device("cuda")),
+    reason="needs Transformer Engine and a CUDA GPU of compute capability 8.9+",
+)
+def test_with_no_layer_converted_the_step_is_the_bf16_step():
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = mlp().to(device)
+    context = PrecisionContext(device, {"fp8_min_dim": 4096}, batch=8, imgsz=32)  # none eligible
+    run = Fp8Precision().configure(context)
+    run.wrap_model(model)
+    assert run.converted == []
+    images = torch.rand(8, 3, 32, 32, device=device)
+    with run.autocast(device):
+        fp8_run = model(images)
+    with BF16.autocast(device):
+        bf16 = model(images)
+    assert torch.equal(fp8_run, bf16)

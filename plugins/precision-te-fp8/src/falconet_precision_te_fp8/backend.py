@@ -126,6 +126,11 @@ class Fp8Run:
         return self
 
     def autocast(self, device: torch.device):
+        """bf16 autocast, and TE's FP8 autocast around it once a layer converted; with none
+        converted (gating kept every product bf16) the step is the bf16 step, TE's per-step
+        state and its host time left out."""
+        if not self.converted:
+            return BF16.autocast(device)
         stack = contextlib.ExitStack()
         stack.enter_context(BF16.autocast(device))
         stack.enter_context(self.te.autocast(self.recipe, self.group))
