@@ -19,7 +19,12 @@ from falconet.data.targets import Targets
 from falconet.training.callbacks import EVENTS, CallbackList
 from falconet.training.checkpoint import CheckpointError, load_checkpoint
 from falconet.training.config import ConfigError
-from falconet.training.planning import build_callbacks, callback_names, plan_run
+from falconet.training.planning import (
+    build_callbacks,
+    callback_names,
+    default_model,
+    plan_run,
+)
 from falconet.training.run_state import RunState
 from falconet.training.step import NO_CAPTURES
 from falconet.training.trainer import Trainer, TrainingDiverged
@@ -62,6 +67,41 @@ def test_resolution_order(tiny_shapes, installed_falconet_plugins):
         plan_run({"data": str(bad)}, installed_falconet_plugins)
 
 
+def test_the_config_records_the_model_trained_and_its_familys_assigner(
+    tiny_shapes, installed_falconet_plugins
+):
+    plan = plan_run({"data": str(tiny_shapes)}, installed_falconet_plugins, base_model="detr-n")
+    assert (plan.model_name, plan.config.model, plan.config.assigner) == (
+        "detr-n",
+        "detr-n",
+        "hungarian",
+    )
+
+
+def test_with_no_model_the_family_of_highest_priority_gives_it(
+    tiny_shapes, installed_falconet_plugins, falconet_plugins
+):
+    plugins = installed_falconet_plugins
+    assert default_model(plugins) == "yolo-n"  # yolo (10) over detr (0)
+    assert plan_run({"data": str(tiny_shapes)}, plugins).config.model == "yolo-n"
+    family = _add_family(plugins, "first", lambda loss: loss)
+    type(plugins.families.get(family)).priority = 20  # a third party's family may win
+    assert default_model(plugins) == "first-n"
+    assert Detector(plugins=plugins).model_name == "first-n"
+    with pytest.raises(ConfigError, match="no model family is installed"):
+        default_model(falconet_plugins)  # the core alone
+
+
+def test_a_recipe_without_an_assigner_is_an_error_that_lists_them(
+    tiny_shapes, installed_falconet_plugins
+):
+    model = _add_family(installed_falconet_plugins, "plain", lambda loss: loss)
+    family = type(installed_falconet_plugins.families.get(model))
+    family.default_recipe = lambda self, model: {"optimizer": "sgd", "lr0": 0.01, "imgsz": 64}
+    with pytest.raises(ConfigError, match="names no label assigner; set assigner= one of .*tal"):
+        plan_run({"data": str(tiny_shapes)}, installed_falconet_plugins, base_model=model)
+
+
 class NanAfter:
     """A yolo loss that turns NaN from its ``start``-th call on."""
 
@@ -80,7 +120,7 @@ def _add_family(plugins, name: str, build_loss) -> str:
     yolo = plugins.families.get("yolo")
 
     class Wrapped:
-        summary, models = "yolo-n with a test loss", (f"{name}-n",)
+        summary, models, priority = "yolo-n with a test loss", (f"{name}-n",), -1
         default_recipe, capture_region, postprocess = (
             yolo.default_recipe,
             yolo.capture_region,

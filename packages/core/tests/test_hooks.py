@@ -16,7 +16,7 @@ from falconet.precision import AutocastPrecision
 
 
 class Family:
-    name, summary, models = "toy", "toy family", ("toy-s", "toy-m")
+    name, summary, models, priority = "toy", "toy family", ("toy-s", "toy-m"), 0
 
     def build_model(self, model, num_classes): ...
     def build_loss(self, model, assigner): ...

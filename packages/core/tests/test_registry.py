@@ -37,6 +37,7 @@ class Family:
     name: str
     models: tuple[str, ...]
     summary: str = "test family"
+    priority: int = 0
     built: list = field(default_factory=list)
 
     def build_model(self, model, num_classes): ...

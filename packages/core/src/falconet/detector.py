@@ -20,11 +20,14 @@ from falconet.training.config import TrainConfig, build_config, check_keys, conf
 
 class Detector:
     """A model by name (``yolo-n``: random weights, trained with :meth:`train`) or a checkpoint
-    (``.../best.pt`` or ``last.pt``: weights, classes and the keys it was trained with)."""
+    (``.../best.pt`` or ``last.pt``: weights, classes and the keys it was trained with); with
+    none, the default model (:func:`~falconet.training.planning.default_model`)."""
 
-    def __init__(self, model: str | Path = "yolo-n", *, plugins: Plugins | None = None) -> None:
+    def __init__(self, model: str | Path | None = None, *, plugins: Plugins | None = None) -> None:
+        from falconet.training.planning import default_model
+
         self.plugins = plugins or get_plugins()
-        self.source = str(model)
+        self.source = str(model) if model is not None else default_model(self.plugins)
         self.checkpoint: dict[str, Any] | None = None
         if self.source.endswith(".pt"):
             self.checkpoint = load_checkpoint(self.source)

@@ -45,12 +45,15 @@ class ModelFamily(Protocol):
     """A family of detectors (YOLO, DETR-style, ...) and everything needed to train it.
 
     ``models`` lists the selectable model names (``yolo-n``, ``yolo-s``, ...); they share one
-    namespace with family names across all plugins.
+    namespace with family names across all plugins. ``priority`` picks the model a run trains
+    when it names none: the first of ``models`` of the installed family of highest priority
+    (ties by family name), so the core names no model of its own.
     """
 
     name: str
     summary: str
     models: Sequence[str]
+    priority: int
 
     def build_model(self, model: str, num_classes: int) -> nn.Module:
         """Build ``model`` (one of ``models``) with ``num_classes`` classes, randomly initialised.

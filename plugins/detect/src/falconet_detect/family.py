@@ -14,6 +14,7 @@ class YoloFamily:
     name = "yolo"
     summary = "anchor-free YOLO, C2f backbone, PAN neck, DFL head (n 3.2M / s 11.2M / m 25.9M)"
     models = ("yolo-n", "yolo-s", "yolo-m")
+    priority = 10  # with no model= key a run trains yolo-n, the fastest to train
 
     def build_model(self, model: str, num_classes: int):  # -> YoloNet
         from falconet_detect.network import SCALES, YoloNet

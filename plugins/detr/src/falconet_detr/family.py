@@ -14,6 +14,7 @@ class DetrFamily:
     name = "detr"
     summary = "RT-DETR-style: hybrid encoder, deformable decoder, denoising (falconet-detr)"
     models = ("detr-n", "detr-s")
+    priority = 0  # the default model only where no family of higher priority is installed
 
     def build_model(self, model: str, num_classes: int):  # -> DetrNet
         from falconet_detr.network import SCALES, DetrNet

@@ -40,7 +40,11 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, validate_assignment=True)
 
     # what to train on what
-    model: str = Field("yolo-n", description="model name (yolo-n, ...) or a checkpoint .pt")
+    model: str | None = Field(
+        None,
+        description="model name or a checkpoint .pt; unset: the first model of the installed "
+        "family of highest priority (`falconet plugins list` shows the families)",
+    )
     data: str = Field("shapes", description="`shapes` (built-in synthetic set) or a data yaml")
     epochs: int = Field(100, ge=1, description="number of epochs")
     batch: int | float = Field(
@@ -79,7 +83,11 @@ class TrainConfig(BaseModel):
         description="graph backend: auto (the installed backend of highest priority that "
         "applies to the run; `falconet plugins list` shows them), eager, compile, ...",
     )
-    assigner: str = Field("tal", description="label assigner: tal, simota, hungarian")
+    assigner: str | None = Field(
+        None,
+        description="label assigner (`falconet plugins list` shows them); unset: the one the "
+        "model family's recipe names",
+    )
     # optimisation
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd or adamw")
     lr0: float = Field(0.01, gt=0, description="initial learning rate")

@@ -95,7 +95,7 @@ def plan_run(
         log.warning("torchrun restarted the workers: resuming from %s", restarted)
         kept = {k: keys[k] for k in ("device", "workers") if k in keys}
         return _plan_resume({**kept, "resume": str(restarted)}, plugins)
-    model = keys.get("model") or base_model or TrainConfig.model_fields["model"].default
+    model = keys.get("model") or base_model or default_model(plugins)
     start = base_weights
     if str(model).endswith(".pt"):
         start = load_checkpoint(model)
@@ -107,10 +107,24 @@ def plan_run(
         dict(family.default_recipe(model_name)),
         data_defaults(str(data), model_keys),
         dict(keys),
+        {"model": str(model)},  # what was trained, in args.yaml and the checkpoints
     )
     config = build_config(model_keys, *layers)
     check_plugins(config, plugins)
     return Plan(config, family, model_name, start["weights"] if start else None)
+
+
+def default_model(plugins: Plugins) -> str:
+    """The model a run trains when it names none: the first model of the installed family
+    of highest ``priority`` (ties by family name)."""
+    families = plugins.families.entries()
+    if not families:
+        raise ConfigError(
+            "no model family is installed, so there is nothing to train: install a family "
+            "plugin (the README lists them); `falconet plugins list` shows what is installed"
+        )
+    best = min(families, key=lambda e: (-e.item.priority, e.name))
+    return best.item.models[0]
 
 
 def elastic_restart(keys: Mapping[str, Any]) -> Path | None:
@@ -130,6 +144,11 @@ def check_plugins(config: TrainConfig, plugins: Plugins) -> None:
         plugins.precision_backends.get(config.amp_dtype)
     if config.graph != "auto":
         plugins.graph_backends.get(config.graph)
+    if config.assigner is None:
+        raise ConfigError(
+            f"model={config.model}: its family's recipe names no label assigner; set "
+            f"assigner= one of {', '.join(plugins.assigners.names())}"
+        )
     plugins.assigners.get(config.assigner)
     if config.eval_backend != "auto":
         plugins.eval_backends.get(config.eval_backend)

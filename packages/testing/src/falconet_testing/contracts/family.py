@@ -49,8 +49,9 @@ class FamilyContract:
     def test_declares_itself(self) -> None:
         assert isinstance(self.family, ModelFamily)
         assert self.model in self.family.models
+        assert isinstance(self.family.priority, int)  # ranks it for the default model
         recipe = self.family.default_recipe(self.model)
-        assert {"optimizer", "lr0", "imgsz"} <= set(recipe)
+        assert {"optimizer", "lr0", "imgsz", "assigner"} <= set(recipe)  # the core names none
 
     def test_loss_is_finite_and_positive(self) -> None:
         import torch
