@@ -58,15 +58,18 @@ def test_a_trained_model_evaluates_in_bf16():
     assert Fp8Precision().configure(context) is BF16
 
 
+needs_te_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or Fp8Precision().unavailable_reason(torch.device("cuda")),
+    reason="needs Transformer Engine and a CUDA GPU of compute capability 8.9+",
+)
+
+
 def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.ReLU(), nn.Linear(256, 64))
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or Fp8Precision().unavailable_reason(torch.device("cuda")),
-    reason="needs Transformer Engine and a CUDA GPU of compute capability 8.9+",
-)
+@needs_te_gpu
 def test_converted_layers_keep_the_plain_state_dict_and_train():
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -87,10 +90,7 @@ def test_converted_layers_keep_the_plain_state_dict_and_train():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or Fp8Precision().unavailable_reason(torch.device("cuda")),
-    reason="needs Transformer Engine and a CUDA GPU of compute capability 8.9+",
-)
+@needs_te_gpu
 def test_with_no_layer_converted_the_step_is_the_bf16_step():
     device = torch.device("cuda")
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ from falconet.evaluation.contract import EvalResult
 from falconet.plugins import Plugins, get_plugins
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.config import TrainConfig, build_config, check_keys, config_model
+from falconet.training.planning import default_model
 
 
 class Detector:
@@ -24,8 +25,6 @@ class Detector:
     none, the default model (:func:`~falconet.training.planning.default_model`)."""
 
     def __init__(self, model: str | Path | None = None, *, plugins: Plugins | None = None) -> None:
-        from falconet.training.planning import default_model
-
         self.plugins = plugins or get_plugins()
         self.source = str(model) if model is not None else default_model(self.plugins)
         self.checkpoint: dict[str, Any] | None = None
