@@ -149,17 +149,17 @@ def test_a_key_group_must_be_a_pydantic_model():
 def test_the_installed_plugins_keys_are_described_with_their_distribution(
     installed_falconet_plugins,
 ):
-    """Every first-party key known_plugins names is, when its plugin is installed, declared by
+    """Every first-party key the install hints name is, when its plugin is installed, declared by
     that distribution (graphs-cuda's ``fuse``, ``wgrad_stream``, ``bn_silu``; the profiler's
     ``profile*``), never by the core."""
-    from falconet.known_plugins import KNOWN_PROVIDERS
+    from falconet.install_hints import install_hints
 
     owners = {
         key: owner for key, *_, owner in describe_keys(config_model(installed_falconet_plugins))
     }
     installed = {r.distribution for r in installed_falconet_plugins.records if r.status == "ok"}
     checked = 0
-    for key, distribution in KNOWN_PROVIDERS["train_keys"].items():
+    for key, distribution in install_hints()["train_keys"].items():
         assert key not in TrainConfig.model_fields, key
         if distribution in installed:
             assert owners[key] == distribution, key

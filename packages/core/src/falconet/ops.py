@@ -18,8 +18,8 @@ network traces each op as its plain formula (:func:`eager_kernels`).
 Each op goes through torch's function-mode protocol (:func:`torch.overrides.
 handle_torch_function`), so a backend replaces it for the duration of a ``with`` block by
 entering a :class:`torch.overrides.TorchFunctionMode` that answers for it, with no change to
-the family and no registry: ``falconet-graphs-cuda``'s whole step does so with a fused Triton
-kernel (``bn_silu=triton``) that writes each part of a :class:`ChannelConcat` in place. A mode
+the family and no registry: a whole-step backend may do so with a fused kernel that writes each
+part of a :class:`ChannelConcat` in place. A mode
 that does not know an op calls it through, as modes do for every torch function.
 """
 

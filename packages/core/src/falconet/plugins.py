@@ -23,7 +23,7 @@ import pluggy
 
 from falconet import __version__, hookspecs, interfaces
 from falconet.keys import KeyGroup
-from falconet.known_plugins import known_provider
+from falconet.install_hints import known_provider
 from falconet.registry import Entry, Provenance, Registry
 
 BUILTIN_PLUGIN = "falconet.builtin"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from falconet.known_plugins import known_provider
+from falconet.install_hints import known_provider
 
 if TYPE_CHECKING:
     from falconet.plugins import Plugins
