@@ -58,7 +58,7 @@ def test_request_stop_at_an_epochs_end_keeps_that_epoch(keys, installed_falconet
 
 def test_profile_needs_the_plugin(keys, falconet_plugins, add_falconet_plugin):
     """``profile`` is the profiler's own key: without the plugin it is unknown, and the error
-    names the distribution that declares it (known_plugins' ``train_keys``)."""
+    names the distribution that declares it (install_hints' ``train_keys``)."""
     import falconet_detect
 
     add_falconet_plugin(falconet_detect, name="detect", distribution="falconet-detect")

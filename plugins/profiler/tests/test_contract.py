@@ -12,10 +12,10 @@ class TestProfilerPlugin(PluginContract):
 
 def test_its_keys_are_its_own_and_known_to_the_core(falconet_plugins, add_falconet_plugin):
     """``profile*`` are declared by the plugin (``register_train_keys``): ``describe_keys``
-    lists them with falconet-profiler as the owner, and known_plugins names the distribution
+    lists them with falconet-profiler as the owner, and install_hints names the distribution
     for each, so a run without the plugin says what to install."""
     import falconet_profiler
-    from falconet.known_plugins import known_provider
+    from falconet.install_hints import known_provider
     from falconet.training.config import TrainConfig, build_config, config_model, describe_keys
     from falconet_profiler.callback import Profiler
 

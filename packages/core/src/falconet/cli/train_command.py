@@ -74,8 +74,9 @@ def train(keys: tuple[str, ...]) -> None:
     """Train a detector: `falconet train model=yolo-n data=coco128.yaml epochs=50`.
 
     With no keys: the default model of the installed family of highest priority (yolo-n
-    with falconet-detect) on the built-in `shapes` data, on the GPU if there is one. Every key
-    below is also a keyword of `Detector.train`. Output goes to runs/train/<name>.
+    where the YOLO family is installed) on the built-in `shapes` data, on the GPU if there is
+    one. Every key below is also a keyword of `Detector.train`. Output goes to
+    runs/train/<name>.
 
     The defaults below are the core's: the model family's recipe, then the data yaml's
     train_defaults:, override them, and your keys override both; the resolved keys are
