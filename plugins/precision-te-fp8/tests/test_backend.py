@@ -105,3 +105,20 @@ def test_with_no_layer_converted_the_step_is_the_bf16_step():
     with BF16.autocast(device):
         bf16 = model(images)
     assert torch.equal(fp8_run, bf16)
+
+
+@pytest.mark.gpu
+@needs_te_gpu
+def test_a_product_is_timed_as_replays_of_its_recorded_pass():
+    """Both passes, Transformer Engine's included, record in a CUDA graph, so the gating of a
+    capturing run times their kernels alone; launched, the same passes take at least as long."""
+    from falconet_precision_te_fp8 import te_modules
+    from falconet_precision_te_fp8.gating import Product
+
+    recipe = te_modules.build_recipe("current")
+    product = Product(16 * 1024, 256, 1024)
+    replayed = te_modules.time_product(product, recipe, replayed=True)
+    launched = te_modules.time_product(product, recipe, replayed=False)
+    assert replayed.replayed and not launched.replayed
+    assert replayed.bf16_ms > 0 and replayed.fp8_ms > 0
+    assert replayed.fp8_ms <= launched.fp8_ms * 1.1

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from falconet_precision_te_fp8.backend import replays_its_step
 from falconet_precision_te_fp8.eligibility import linear_layers
 from falconet_precision_te_fp8.gating import (
     Product,
@@ -101,3 +102,30 @@ def test_a_torn_cache_file_is_measured_again(tmp_path, caplog):
     timings = TimingCache(path).measure([Product(256, 64, 64)], lambda p: Timing(1.0, 0.5))
     assert timings["256x64x64"] == Timing(1.0, 0.5)
     assert "ignoring the timing cache" in caplog.text
+
+
+def test_the_gating_times_as_the_runs_step_runs():
+    """A step that replays a recording (auto, cuda-graph, whole-step, a third party's) is gated
+    on the kernels alone; an eager or compiled one on passes launched from the host."""
+    assert replays_its_step({}) and replays_its_step({"graph": "auto"})
+    assert replays_its_step({"graph": "cuda-graph"}) and replays_its_step({"graph": "whole-step"})
+    assert not replays_its_step({"graph": "eager"})
+    assert not replays_its_step({"graph": "compile"})
+
+
+def test_replayed_and_launched_timings_are_cached_apart(tmp_path, monkeypatch):
+    """The two ways of timing a product give different numbers: a run never reads the other's."""
+    monkeypatch.setenv("FALCONET_CACHE_DIR", str(tmp_path))
+    replayed = TimingCache.for_run("NVIDIA H200", "2.20.2", "current", replayed=True)
+    launched = TimingCache.for_run("NVIDIA H200", "2.20.2", "current", replayed=False)
+    assert replayed.path != launched.path and replayed.path.parent == tmp_path
+    replayed.measure([Product(256, 64, 64)], lambda p: Timing(1.0, 0.5, replayed=True))
+    assert TimingCache(replayed.path).entries["256x64x64"].replayed
+    assert not TimingCache(launched.path).entries
+    reason = choose(
+        linear_layers(Net(), 16)[:1],
+        {"big": 4096},
+        {Product(4096, 64, 256).key: Timing(1.0, 1.0, replayed=True)},
+        force=False,
+    )["big"]
+    assert reason.endswith("at 4096 rows (replayed)")

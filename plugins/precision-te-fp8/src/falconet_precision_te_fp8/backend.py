@@ -54,6 +54,16 @@ def recipe_error(recipe: str, capability: tuple[int, int], gpu: str) -> str | No
     return None
 
 
+LAUNCHING_GRAPHS = {"eager", "compile"}
+"""The core's graph backends whose step launches every kernel from the host."""
+
+
+def replays_its_step(options) -> bool:
+    """Whether the run's step replays a recording, as ``graph=auto`` does on a GPU where a
+    capturing backend is installed (the gating then times the kernels alone)."""
+    return options.get("graph", "auto") not in LAUNCHING_GRAPHS
+
+
 class Fp8Precision:
     """``fp8``: what the registry holds (configured per run by :meth:`configure`)."""
 
@@ -159,11 +169,16 @@ class Fp8Run:
         force = self.keys.fp8_layers == "all"
         timings = {}
         if not force:
+            replayed = replays_its_step(self.context.options)
             cache = TimingCache.for_run(
-                torch.cuda.get_device_name(device), te_version() or "?", self.keys.fp8_recipe
+                torch.cuda.get_device_name(device),
+                te_version() or "?",
+                self.keys.fp8_recipe,
+                replayed,
             )
             timings = cache.measure(
-                products(layers, rows), lambda p: self.te.time_product(p, self.recipe)
+                products(layers, rows),
+                lambda p: self.te.time_product(p, self.recipe, replayed=replayed),
             )
         decisions = choose(layers, rows, timings, force)
         modules = dict(model.named_modules())

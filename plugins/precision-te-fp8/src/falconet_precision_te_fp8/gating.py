@@ -4,8 +4,13 @@ shapes, beats bf16, so ``amp_dtype=fp8`` is never slower than bf16 layer for lay
 A probe forward of the unconverted network on an input of the run's shape records how many
 rows (tokens) each linear layer multiplies; each distinct ``(rows, in, out)`` is then timed
 once, forward and backward, in bf16 and in FP8 (``te_modules.time_product``), and the times
-are cached on disk per GPU, Transformer Engine version and recipe, so later runs start without
-measuring again.
+are cached on disk per GPU, Transformer Engine version, recipe and way of timing, so later runs
+start without measuring again.
+
+The way of timing follows the run's ``graph`` key: a step that replays a recording (``auto``,
+``cuda-graph``, ``whole-step``) pays the kernels alone, so the products are timed as replays
+of a recorded pass; an ``eager`` or ``compile`` step launches every kernel from the host, so
+they are timed as launched.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ class Product:
 
 @dataclass(frozen=True)
 class Timing:
-    """Forward + backward milliseconds of one product in bf16 and in FP8."""
+    """Forward + backward milliseconds of one product in bf16 and in FP8; ``replayed``: timed
+    as CUDA-graph replays (the kernels alone), else as launched (host time included)."""
 
     bf16_ms: float
     fp8_ms: float
+    replayed: bool = False
 
     @property
     def speedup(self) -> float:
@@ -93,9 +100,10 @@ def choose(
             if timing.fp8_ms < timing.bf16_ms * (1 - MARGIN):
                 decisions[layer.name] = None
             else:
+                how = "replayed" if timing.replayed else "launched"
                 decisions[layer.name] = (
                     f"fp8 {timing.fp8_ms:.3f} ms, bf16 {timing.bf16_ms:.3f} ms at "
-                    f"{rows[layer.name]} rows"
+                    f"{rows[layer.name]} rows ({how})"
                 )
     return decisions
 
@@ -124,10 +132,11 @@ class TimingCache:
                 log.warning("fp8: ignoring the timing cache %s (%s)", path, exc)
 
     @classmethod
-    def for_run(cls, device_name: str, te_version: str, recipe: str) -> TimingCache:
+    def for_run(cls, device_name: str, te_version: str, recipe: str, replayed: bool) -> TimingCache:
         root = Path(os.environ.get("FALCONET_CACHE_DIR", Path.home() / ".cache" / "falconet"))
         slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
-        return cls(root / f"fp8-products-{slug}-te{te_version}-{recipe}.json")
+        how = "replayed" if replayed else "launched"
+        return cls(root / f"fp8-products-{slug}-te{te_version}-{recipe}-{how}.json")
 
     def measure(
         self, wanted: list[Product], time_product: Callable[[Product], Timing]
