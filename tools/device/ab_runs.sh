@@ -35,9 +35,14 @@
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
 #   tests   pytest on tests_paths (the working tree's, with the side's packages): the GPU-only
 #           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
+# A job may name a set of settings, name@set:side (e.g. "step@detr:b"): each setting the job
+# reads (ab_step_arms, step_batches, step_args, ab_e2e_arms, e2e_batches, overfit_arms,
+# overfit_epochs, overfit_gpus) is then taken from <setting>_<set> where that is set, so one
+# call measures different models side by side.
 # With with_te=1, Transformer Engine (.te, carried: tools/device/te_bundle.sh) is installed
 # beside every side's packages first (tools/device/te_install.sh), for amp_dtype=fp8 arms.
-# Writes $OUT/<n>-<job>-<side>.json and $OUT/logs.tgz.
+# Writes /tmp/results/<n>-<job>[@set]-<side>.json, all of them in $OUT/results.tgz (a call
+# brings back at most 8 files), and $OUT/logs.tgz.
 set -uo pipefail
 export MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 # bytecode written once and reused by the call's later processes, as an installation's .pyc
@@ -46,7 +51,7 @@ export PYTHONPYCACHEPREFIX=/tmp/pycache
 root=$PWD
 base_path=$PATH
 data=$root/.data/coco128
-rm -rf /tmp/logs && mkdir -p /tmp/logs
+rm -rf /tmp/logs /tmp/results && mkdir -p /tmp/logs /tmp/results
 for dir in .ab/*/; do
   side=$(basename "$dir")
   rm -rf "/tmp/site-$side"
@@ -59,10 +64,21 @@ if [[ ${with_te:-0} == 1 ]]; then
 fi
 ws=falconet:graph=whole-step
 amp=${ab_amp:-fp16,bf16}
-arms=${ab_step_arms:-$ws:amp_dtype=fp16,$ws:amp_dtype=bf16}
-job() {  # n name side: one job, in its side's tools/ with its side's packages
-  local n=$1 name=$2 side=$3
-  local out="$OUT/$n-$name-$side.json" log="/tmp/logs/$n-$name-$side" start=$SECONDS
+job() {  # n name[@set] side: one job, in its side's tools/ with its side's packages
+  local n=$1 name=${2%@*} set= side=$3
+  [[ $2 == *@* ]] && set=${2#*@}
+  local out="/tmp/results/$n-$2-$side.json" log="/tmp/logs/$n-$2-$side" start=$SECONDS
+  local ab_step_arms=${ab_step_arms:-} step_batches=${step_batches:-} step_args=${step_args:-}
+  local ab_e2e_arms=${ab_e2e_arms:-} e2e_batches=${e2e_batches:-} overfit_arms=${overfit_arms:-}
+  local overfit_epochs=${overfit_epochs:-} overfit_gpus=${overfit_gpus:-} setting named
+  if [[ -n $set ]]; then
+    for setting in ab_step_arms step_batches step_args ab_e2e_arms e2e_batches overfit_arms \
+      overfit_epochs overfit_gpus; do
+      named=${setting}_$set
+      [[ -n ${!named:-} ]] && printf -v "$setting" %s "${!named}"
+    done
+  fi
+  local arms=${ab_step_arms:-$ws:amp_dtype=fp16,$ws:amp_dtype=bf16}
   export PYTHONPATH="/tmp/site-$side" PATH="/tmp/site-$side/bin:$base_path"
   export FALCONET_CACHE_DIR=/tmp/falconet-cache-$side  # sides may write their caches apart
   cd "$root/.ab/$side/tools" || exit 1
@@ -129,7 +145,7 @@ job() {  # n name side: one job, in its side's tools/ with its side's packages
         --epochs 2 --out "$out" ;;
     *) echo "unknown job $name" >&2 ;;
   esac > "$log.out" 2> "$log.err"
-  echo "$n $name $side: rc $? in $((SECONDS - start)) s"
+  echo "$n $2 $side: rc $? in $((SECONDS - start)) s"
   cd "$root" || exit 1
 }
 n=0
@@ -153,10 +169,11 @@ for f in /tmp/logs/*.out; do
   esac
 done
 # the step jobs' times, one line per job and arm
-for f in "$OUT"/*-step-*.json; do
+for f in /tmp/results/*-step*.json; do
   [[ -e $f ]] && python3 -c 'import json, sys; f = sys.argv[1]
 for r in json.load(open(f))["results"]:
     print(f.rsplit("/", 1)[-1], r["arm"], r.get("graph"), "step_ms", r.get("step_ms"))' "$f"
 done
 grep -h "captured\|could not\|declined\|Error" /tmp/logs/*.err | sort | uniq -c | head -20
+tar czf "$OUT/results.tgz" -C /tmp results
 tar czf "$OUT/logs.tgz" -C /tmp logs
