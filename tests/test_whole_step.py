@@ -336,8 +336,12 @@ def test_whole_step_declines_in_a_distributed_run_and_cuda_graph_takes_auto(
 
 
 def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
+    """``tal`` always; ``hungarian`` where it solves on the GPU (on a CPU machine, not)."""
+    from falconet_detect.assigners.gpu_solver import gpu_solver
+
     family = installed_falconet_plugins.families.get("yolo")
-    assert family.static_loss("tal") and not family.static_loss("hungarian")
+    assert family.static_loss("tal") and not family.static_loss("simota")
+    assert family.static_loss("hungarian") == (gpu_solver() is not None)
 
 
 @pytest.mark.skipif(

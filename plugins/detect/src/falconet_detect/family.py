@@ -51,10 +51,12 @@ class YoloFamily:
         }
 
     def static_loss(self, assigner: str) -> bool:
-        """With ``tal`` the loss is static-shaped for a fixed input size and target bucket and
-        reads nothing back to the host, so the whole step can be one graph; SimOTA's dynamic-k
-        and Hungarian matching (on the CPU) are not."""
-        return assigner == "tal"
+        """The loss is static-shaped for a fixed input size and target bucket; whether it reads
+        nothing back to the host (so the whole step can be one graph) is the assigner's:
+        ``tal`` always, ``hungarian`` where it solves on the GPU, SimOTA's dynamic k never."""
+        from falconet_detect.assigners import reads_nothing_back
+
+        return reads_nothing_back(assigner)
 
     def capture_region(self, model: Any):
         """The whole network: static shapes for a fixed input size, no data-dependent

@@ -5,7 +5,8 @@ jittered within half its size, the label sometimes flipped), to be reconstructed
 negative one (jittered further), to be called background. The query count is ``2 x groups x
 M`` for a bucket of ``M`` slots, whatever the images hold, so the shapes are static per bucket
 and nothing reads the counts on the host; slots past an image's count are queries that no other
-query sees and no loss reads. A batch with no box at all is an all-padding group that trains
+query sees and no loss reads, so padding the targets to a larger bucket (as a recorded step
+does) changes no real query. A batch with no box at all is an all-padding group that trains
 nothing and costs a few masked rows (a known hang elsewhere: dynamic group counts of zero).
 """
 
@@ -57,11 +58,13 @@ def denoising_queries(
     shape = (b, groups, 2, m)
     xyxy = xyxy[:, None, None].expand(*shape, 4)
     true_labels = labels[:, None, None].expand(shape)
-    flip = torch.rand(shape, device=device) < label_noise * 0.5
-    noised_labels = torch.where(flip, torch.randint_like(true_labels, classes), true_labels)
+    draws = slot_draws(shape, device)
+    flip = draws[..., 0] < label_noise * 0.5
+    drawn_labels = (draws[..., 1] * classes).long().clamp(max=classes - 1)
+    noised_labels = torch.where(flip, drawn_labels, true_labels)
     half = (xyxy[..., 2:] - xyxy[..., :2]).repeat(1, 1, 1, 1, 2) / 2 * box_noise
-    sign = torch.randint(0, 2, xyxy.shape, device=device) * 2.0 - 1.0
-    part = torch.rand(xyxy.shape, device=device)
+    sign = (draws[..., 2:6] < 0.5) * 2.0 - 1.0
+    part = draws[..., 6:10]
     kind = torch.arange(2, device=device, dtype=torch.float32)  # 0 positive, 1 negative
     part = part + kind.view(1, 1, 2, 1, 1)  # negatives: jittered further
     noised = (xyxy + sign * part * half).clamp(0, 1)
@@ -81,3 +84,12 @@ def denoising_queries(
         real=real.reshape(b, t),
         mask=mask,
     )
+
+
+def slot_draws(shape: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
+    """``[B, groups, 2, M, 10]`` uniforms, every random number of the queries (flip, label,
+    four signs, four jitters), drawn in one call slot by slot: a bucket padded to more slots
+    draws the same numbers for the real ones first, on a generator that fills in order (the
+    CPU's), so padding the targets leaves the loss as it was."""
+    b, groups, kinds, m = shape
+    return torch.rand(m, b, groups, kinds, 10, device=device).permute(1, 2, 3, 0, 4)

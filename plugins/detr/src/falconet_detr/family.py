@@ -56,9 +56,13 @@ class DetrFamily:
         }
 
     def static_loss(self, assigner: str) -> bool:
-        """Never: the matching runs on the CPU (one host round trip a step), so a backend
-        capturing the whole step declines and the network alone is captured."""
-        return False
+        """The loss has static shapes (a fixed query count, static denoising groups over the
+        padded targets); it reads nothing back to the host where the matching does not:
+        ``hungarian`` on a GPU where its solver runs there. Elsewhere a backend that records
+        the whole step declines, and the network alone is recorded."""
+        from falconet_detect.assigners import reads_nothing_back
+
+        return reads_nothing_back(assigner)
 
     def capture_region(self, model: Any):
         """The whole network: static shapes for a fixed input size (a fixed query count, the

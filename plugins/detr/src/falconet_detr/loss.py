@@ -4,10 +4,10 @@ encoder's proposals and on the denoising queries.
 One matching per step. The ``hungarian`` assigner (falconet-detect's, through the registry)
 matches the last decoder layer's queries to the boxes, and that matching serves every layer
 and the proposals too: decoder query ``i`` started from proposal ``i`` and is refined layer
-by layer, so they are one query seen at several depths. RT-DETR matches each layer anew; that
-costs a host round trip per layer (the solver runs on the CPU), and this loss makes one per
-step: the cost matrices of the last layer, with the counts, copied to the host once. The
-denoising queries need no matching (each knows its target).
+by layer, so they are one query seen at several depths. RT-DETR matches each layer anew, a
+solve per layer; this loss solves once a step, on the GPU with no host round trip where the
+assigner's GPU solver runs, else with the last layer's cost matrices and the counts copied to
+the host once. The denoising queries need no matching (each knows its target).
 
 Every term is a sum over queries divided by the global batch's box count (summed over the
 ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does); it runs in
@@ -67,7 +67,7 @@ class DetrLoss:
             (scale[:2].max() / 2).expand(queries, 2),
             torch.ones(queries, 1, device=scale.device),
         )
-        matched = self.assigner(predictions, targets)  # the step's one host round trip
+        matched = self.assigner(predictions, targets)  # the one matching of the step
         labels, foreground = matched.labels, matched.foreground
         target_boxes = xyxy_to_cxcywh(matched.boxes / scale)
         everything = torch.ones_like(foreground)

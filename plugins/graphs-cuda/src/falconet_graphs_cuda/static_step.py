@@ -238,7 +238,14 @@ class StaticStep:
         scaled = loss * step.loss_gain
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
+        # the forward read the leaves; a loss may run part of the network itself (DETR's
+        # denoising pass), on the parameters: their gradients are added to the leaves'
+        wanted = list(leaves.values())
+        both = torch.autograd.grad(scaled, wanted + self.params, allow_unused=True)
+        grads = [
+            direct if through is None else through if direct is None else direct + through
+            for direct, through in zip(both[: len(wanted)], both[len(wanted) :], strict=True)
+        ]
         if self.side is not None:  # the weight gradients are done before anything reads them
             self.side.join()
         made = zip(self.cast_indices, self.cast_grads, strict=True)

@@ -41,6 +41,20 @@ SIMOTA = LazyAssigner(
 )
 HUNGARIAN = LazyAssigner(
     "hungarian",
-    "one anchor per box by linear_sum_assignment on the CPU (one sync per step)",
+    "one anchor per box at minimum cost: on the GPU without a host sync, else scipy",
     "falconet_detect.assigners.hungarian:HungarianAssigner",
 )
+
+
+def reads_nothing_back(assigner: str) -> bool:
+    """Whether ``assigner`` runs with static shapes and no host synchronisation on this
+    machine's GPU, so that a loss built on it can be recorded: ``tal`` always, ``hungarian``
+    where its GPU solver runs (:func:`gpu_solver.gpu_solver`); SimOTA's dynamic k is never
+    static."""
+    if assigner == "tal":
+        return True
+    if assigner == "hungarian":
+        from falconet_detect.assigners.gpu_solver import gpu_solver
+
+        return gpu_solver() is not None
+    return False
