@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tempfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -53,45 +52,60 @@ CARRIED_APART = {"transformer-engine"}
 """Provided by tools/device/te_install.sh from its own archive (too large for .whl as is)."""
 
 
-def main(wheel_dir: Path) -> None:
-    present = device_packages() | CARRIED_APART
-    own = {canonical(wheel_metadata(w)[0]) for w in wheel_dir.glob("*.whl")}
-    wanted = sorted(
+def missing(wheels: list[Path], known: set[str]) -> list[str]:
+    """The requirements of ``wheels`` that no name in ``known`` satisfies."""
+    return sorted(
         {
             requirement.split(";")[0].strip()
-            for wheel in wheel_dir.glob("*.whl")
+            for wheel in wheels
             for requirement in wheel_metadata(wheel)[1]
-            if requirement_name(requirement) not in present | own
+            if requirement_name(requirement) not in known
         }
     )
+
+
+def download(requirements: list[str], into: Path) -> list[Path]:
+    """Binary wheels of ``requirements`` alone (no dependencies: the caller resolves those
+    against what the GPU machine has, so that a wheel that needs torch does not bring a second
+    torch and its CUDA libraries)."""
+    before = set(into.glob("*.whl"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "-d",
+            str(into),
+            *[arg for p in PLATFORMS for arg in ("--platform", p)],
+            *requirements,
+        ],
+        check=True,
+    )
+    return sorted(set(into.glob("*.whl")) - before)
+
+
+def main(wheel_dir: Path) -> None:
+    present = device_packages() | CARRIED_APART
+    own = list(wheel_dir.glob("*.whl"))
+    known = present | {canonical(wheel_metadata(w)[0]) for w in own}
+    wanted = missing(own, known)
     if not wanted:
         print("missing_wheels: the GPU machine has every third-party requirement already")
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--implementation",
-                "cp",
-                "-d",
-                tmp,
-                *[arg for p in PLATFORMS for arg in ("--platform", p)],
-                *wanted,
-            ],
-            check=True,
-        )
-        for wheel in Path(tmp).glob("*.whl"):
-            name = canonical(wheel_metadata(wheel)[0])
-            if name not in present:
-                wheel.rename(wheel_dir / wheel.name)
-                print(f"missing_wheels: {wheel.name}")
+    while wanted:  # each round: the wheels asked for, then what they need that is not there
+        fetched = download(wanted, wheel_dir)
+        known |= {canonical(wheel_metadata(w)[0]) for w in fetched}
+        for wheel in fetched:
+            print(f"missing_wheels: {wheel.name}")
+        wanted = missing(fetched, known)
 
 
 if __name__ == "__main__":
