@@ -32,6 +32,7 @@ Leaves made inside the capture have their nodes made on the capture stream.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -206,6 +207,9 @@ class CudaStepRecorder:
                 _no_autocast_cache(device.type),
             ):
                 loss, parts = step.micro(static_images, static_targets)
+        except BaseException:
+            reset_generator_capture(device)
+            raise
         finally:
             with torch.no_grad():
                 for buffer, saved in zip(network.buffers(), buffers, strict=True):
@@ -236,10 +240,23 @@ class CudaStepRecorder:
         return CudaUpdate(graph)
 
 
+def reset_generator_capture(device: torch.device) -> None:
+    """After a recording that failed, leave torch's CUDA generator out of capture mode.
+
+    A capture that fails ends without its epilogue, and the generator then still counts its
+    offsets for a graph: the next random draw outside a capture raises ("Offset increment
+    outside graph capture"), which would end a run that should go on eagerly (DETR's
+    denoising draws). One empty recording begins and ends a capture on the generator again.
+    """
+    with contextlib.suppress(RuntimeError):  # the failed capture's error, reported once
+        torch.cuda.synchronize(device)
+    with torch.cuda.device(device), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
+
+
 def _no_autocast_cache(device_type: str):
     """The trainer's autocast (entered inside ``micro``) with the weight-cast cache off: a
     nested context whose setting the inner one inherits."""
-    import contextlib
 
     @contextlib.contextmanager
     def off():

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -127,6 +128,7 @@ class StaticStep:
                 parts.precision.name,
             )
         self.loss_fn = parts.loss
+        self.calls = _Calls(self.network)
         if fuse in ("inductor-loss", "inductor-all"):
             # the assigner's [B, M, A] and the loss's [B, A, C] elementwise chains, each a
             # full pass over memory per op when eager
@@ -154,6 +156,15 @@ class StaticStep:
 
     def _eager_forward(self, leaves: dict[str, torch.Tensor | None], images: torch.Tensor) -> Any:
         return functional_call(self.network, leaves, (images,))
+
+    def _loss(self, leaves: dict[str, torch.Tensor], outputs: Any, targets: Any) -> Any:
+        """The loss, with the network's parameters being the leaves while it runs. A loss may
+        run part of the network itself (DETR's denoising pass runs the decoder on the
+        denoising queries): it then reads the leaves, as the forward did, and its gradients
+        reach them (on the parameters they would be lost, and a recording would read
+        tensors made outside it)."""
+        named = {f"network.{name}": leaf for name, leaf in leaves.items()}
+        return functional_call(self.calls, named, (self.loss_fn, outputs, targets))
 
     # ------------------------------------------------------------------------ host to device
     def make_state(self) -> None:
@@ -234,18 +245,11 @@ class StaticStep:
             outputs = self.forward(leaves | uncounted, images)
         if counters:
             torch._foreach_add_(counters, 1)
-        loss, parts = self.loss_fn(outputs, targets)
+        loss, parts = self._loss(leaves, outputs, targets)
         scaled = loss * step.loss_gain
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        # the forward read the leaves; a loss may run part of the network itself (DETR's
-        # denoising pass), on the parameters: their gradients are added to the leaves'
-        wanted = list(leaves.values())
-        both = torch.autograd.grad(scaled, wanted + self.params, allow_unused=True)
-        grads = [
-            direct if through is None else through if direct is None else direct + through
-            for direct, through in zip(both[: len(wanted)], both[len(wanted) :], strict=True)
-        ]
+        grads = list(torch.autograd.grad(scaled, list(leaves.values()), allow_unused=True))
         if self.side is not None:  # the weight gradients are done before anything reads them
             self.side.join()
         made = zip(self.cast_indices, self.cast_grads, strict=True)
@@ -371,3 +375,15 @@ class StaticStep:
         if self.adamw:
             state = self.parts.optimizer.state
             torch._foreach_add_([state[p]["step"] for p in self.params], 1)
+
+
+class _Calls(nn.Module):
+    """Calls a function while :func:`torch.func.functional_call` has given ``network`` other
+    parameters: the loss, with the leaves in place of the parameters."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, function: Callable[..., Any], *args: Any) -> Any:
+        return function(*args)
