@@ -41,8 +41,8 @@
 # call measures different models side by side.
 # With with_te=1, Transformer Engine (.te, carried: tools/device/te_bundle.sh) is installed
 # beside every side's packages first (tools/device/te_install.sh), for amp_dtype=fp8 arms.
-# Writes /tmp/results/<n>-<job>[@set]-<side>.json, all of them in $OUT/results.tgz (a call
-# brings back at most 8 files), and $OUT/logs.tgz.
+# Writes /tmp/results/<n>-<job>[@set]-<side>.json and /tmp/logs, both in $OUT/results.tgz
+# (a call brings back at most 8 files), written again after each entry of ab_jobs.
 set -uo pipefail
 export MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 # bytecode written once and reused by the call's later processes, as an installation's .pyc
@@ -95,7 +95,7 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
       # arms from Inductor's caches on the machine instead of compiling each (~100 s an arm)
       IFS=, read -r -a each <<< "$arms"
       lanes=$(printf "0,%.0s" "${each[@]}")
-      out=$log.json  # under logs.tgz: a call brings back at most 8 files
+      out=$log.json  # under results.tgz: a call brings back at most 8 files
       timeout "${warm_timeout:-240}" python bench_train.py --data "$data" --batch 16 \
         --arms "$arms" --repeats 1 --measures step --gpus "${lanes%,}" --warmup 40 --steps 1 \
         --timeout "${warm_timeout:-240}" --out "$out" ;;
@@ -160,6 +160,8 @@ for entry in ${ab_jobs:-update:a update:b step:a step:b step:a step:b}; do
     fi
   done
   wait
+  # after each entry, so that a call stopped at its time limit still brings back what ran
+  tar czf "$OUT/results.tgz" -C /tmp results logs
 done
 for f in /tmp/logs/*.out; do
   echo "== $f"
@@ -175,5 +177,4 @@ for r in json.load(open(f))["results"]:
     print(f.rsplit("/", 1)[-1], r["arm"], r.get("graph"), "step_ms", r.get("step_ms"))' "$f"
 done
 grep -h "captured\|could not\|declined\|Error" /tmp/logs/*.err | sort | uniq -c | head -20
-tar czf "$OUT/results.tgz" -C /tmp results
-tar czf "$OUT/logs.tgz" -C /tmp logs
+tar czf "$OUT/results.tgz" -C /tmp results logs
