@@ -199,14 +199,22 @@ class CudaStepRecorder:
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side), _no_autocast_cache(device.type):
                 for _ in range(self.warmup):
-                    step.micro(static_images, static_targets, accumulate=False)
+                    loss, parts = step.micro(static_images, static_targets, accumulate=False)
             torch.cuda.current_stream(device).wait_stream(side)
+            # the outputs a replay hands back, outside the graphs' shared pool: a bucket recorded
+            # after the update is replayed before it, and the update's temporaries, freed into
+            # the pool when it was recorded, may lie where this recording put its own outputs
+            held_loss = torch.empty_like(loss)
+            held_parts = {name: torch.empty_like(value) for name, value in parts.items()}
             graph = torch.cuda.CUDAGraph()
             with (
                 torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
                 _no_autocast_cache(device.type),
             ):
                 loss, parts = step.micro(static_images, static_targets)
+                held_loss.copy_(loss)
+                for name, value in parts.items():
+                    held_parts[name].copy_(value)
         except BaseException:
             reset_generator_capture(device)
             raise
@@ -215,7 +223,7 @@ class CudaStepRecorder:
                 for buffer, saved in zip(network.buffers(), buffers, strict=True):
                     buffer.copy_(saved)
             torch.cuda.set_rng_state(rng, device)
-        return CudaMicro(bucket, static_images, static_targets, loss, parts, graph)
+        return CudaMicro(bucket, static_images, static_targets, held_loss, held_parts, graph)
 
     def update(self, step) -> CudaUpdate:
         device = step.parts.device
