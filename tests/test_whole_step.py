@@ -606,8 +606,14 @@ def test_a_bucket_recorded_after_the_update_hands_back_its_own_loss(
     few_slots = [b for b in data if Targets.from_batch(b).bucket[0] == 8][:4]
     assert len(few_slots) == 4
     plan = [(data[:6], (32, 32)), (few_slots, (8, 64)), (data[:4], (32, 64))]
-    reference = [loss for part, bucket in plan for loss in train(eager, part, padded(bucket))]
-    got = [loss for part, bucket in plan for loss in train(whole, part, padded(bucket))]
+    device = eager.device
+
+    def on_device(bucket):
+        return lambda targets: targets.padded(bucket).to(device)
+
+    plan = [([{**b, "images": b["images"].to(device)} for b in part], b) for part, b in plan]
+    reference = [loss for part, bucket in plan for loss in train(eager, part, on_device(bucket))]
+    got = [loss for part, bucket in plan for loss in train(whole, part, on_device(bucket))]
     step = whole.step
     assert step.stats().recorded >= 2 and step.stats().replayed >= 6  # (32, 64) after the update
     assert min(abs(x) for x in got) > 0.1
