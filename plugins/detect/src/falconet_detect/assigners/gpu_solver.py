@@ -13,9 +13,12 @@ assigner solves on the CPU as before.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
+
+log = logging.getLogger("falconet.train")
 
 Solver = Callable[[torch.Tensor], torch.Tensor]
 """``cost [B, W, T] -> [B, W]`` (int64): each row's column, ``-1`` where it has none."""
@@ -31,14 +34,26 @@ that the solver's potentials stay exact in float32."""
 @functools.cache
 def gpu_solver() -> Solver | None:
     """The Triton solver, or ``None`` where it cannot run here (no CUDA GPU of compute
-    capability 8.0+, no Triton, the library absent or without its Triton entry point)."""
+    capability 8.0+, no Triton, the library absent or without its Triton entry point, or a
+    kernel that does not build or answer right: Triton compiles it on the first call, and a
+    machine without a C compiler cannot). It is tried once, on a problem whose answer is
+    known, so that a run falls back to scipy at set-up rather than failing in its first step."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < MIN_CAPABILITY:
         return None
     try:
         from torch_linear_assignment import _triton
     except ImportError:  # the library, or Triton, is not installed
         return None
-    return functools.partial(_triton.batch_linear_assignment, validation="off")
+    solve = functools.partial(_triton.batch_linear_assignment, validation="off")
+    try:
+        answer = solve(torch.tensor([[[4.0, 1.0], [2.0, 3.0]]], device="cuda")).tolist()
+    except Exception as exc:  # Triton's build errors have no common type
+        log.warning("hungarian: the GPU solver does not run here (%s); scipy on the CPU", exc)
+        return None
+    if answer != [[1, 0]]:
+        log.warning("hungarian: the GPU solver answered %s, not [[1, 0]]; scipy on the CPU", answer)
+        return None
+    return solve
 
 
 def match_on_device(
