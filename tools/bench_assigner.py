@@ -1,14 +1,18 @@
-"""The static-shaped assigners (``tal``, ``simota``) at real batch shapes: the time of one
-assignment, and that padding a batch's targets to a larger bucket changes no assignment.
+"""The assigners at real batch shapes: the time of one assignment, and that padding a batch's
+targets to a larger bucket changes no assignment. ``tal``, ``simota`` and ``hungarian`` (on
+the GPU, its Triton solver) are static-shaped; ``hungarian_scipy`` is the same matching solved
+by scipy on the host (one synchronisation), what the GPU solver replaced.
 
 Batches come from the training dataset with the YOLO family's augmentation (COCO128, mosaic,
 ``--batch``), predictions from the untrained ``yolo-n``'s forward pass, and the assigner's
 inputs, ``(Predictions, Targets)``, are taken from the YOLO loss as it calls the assigner.
 ``tal`` works on the ``N`` real boxes, ``simota`` on the ``B x M`` slots, so with mosaic
 (most of ``[B, M]`` padding) their times differ by more than their rules
-(docs/performance.md). On a GPU each assigner is recorded as a CUDA graph and replayed (no
-launch cost, as in whole-step), median of ``--repeats``; on the CPU, wall time. The batch
-timed is the one with the largest ``B x M``.
+(docs/performance.md). On a GPU each static-shaped assigner is recorded as a CUDA graph and
+replayed (no launch cost, as in whole-step), median of ``--repeats``; ``hungarian_scipy``
+cannot be recorded and is timed as called, its host wait included (CUDA events around each
+call); on the CPU, wall time, and both ``hungarian`` rows are scipy. The batch timed is the
+one with the largest ``B x M``.
 
     python tools/bench_assigner.py --data .data/coco128/coco128.yaml --batch 16,64 --out a.json
 """
@@ -27,6 +31,7 @@ from falconet.data import load_dataset
 from falconet.data.loader import DetectionDataset, collate
 from falconet.data.targets import Targets
 from falconet.data.transforms import AugmentConfig
+from falconet_detect.assigners.hungarian import HungarianAssigner
 from falconet_detect.assigners.simota import SimOTAAssigner
 from falconet_detect.assigners.tal import TaskAlignedAssigner
 from falconet_detect.family import YoloFamily
@@ -72,9 +77,12 @@ def assigner_inputs(model, batch: dict, device: torch.device, dtype: torch.dtype
     return capture.inputs
 
 
-def time_ms(fn, device: torch.device, repeats: int) -> float:
-    """Replayed as a CUDA graph on a GPU (no launch cost), the host clock on the CPU."""
-    return replay_ms(fn, 5, repeats) if device.type == "cuda" else median_ms(fn, 1, repeats)
+def time_ms(fn, device: torch.device, repeats: int, recorded: bool = True) -> float:
+    """Replayed as a CUDA graph on a GPU (no launch cost) where ``recorded``, else each call
+    between CUDA events (a host wait inside it counted); the host clock on the CPU."""
+    if device.type == "cuda" and recorded:
+        return replay_ms(fn, 5, repeats)
+    return median_ms(fn, 1, repeats)
 
 
 def same(a, b) -> bool:
@@ -91,7 +99,12 @@ def measure(args, batch_size: int) -> dict:
     model = (
         YoloFamily().build_model("yolo-n", classes).to(device, memory_format=torch.channels_last)
     )
-    assigners = {"tal": TaskAlignedAssigner(), "simota": SimOTAAssigner()}
+    assigners = {
+        "tal": TaskAlignedAssigner(),
+        "simota": SimOTAAssigner(),
+        "hungarian": HungarianAssigner(),
+        "hungarian_scipy": HungarianAssigner(on_gpu=False),
+    }
     rows, worst = [], None
     for batch in data:
         predictions, targets = assigner_inputs(model, batch, device, dtype)
@@ -107,9 +120,16 @@ def measure(args, batch_size: int) -> dict:
             worst = (m * batch_size, predictions, targets, row)
     _, predictions, targets, row = worst
     times = {
-        f"{name}_ms": time_ms(lambda a=assigner: a(predictions, targets), device, args.repeats)
+        f"{name}_ms": time_ms(
+            lambda a=assigner: a(predictions, targets),
+            device,
+            args.repeats,
+            recorded=name != "hungarian_scipy",
+        )
         for name, assigner in assigners.items()
     }
+    hungarians = [HungarianAssigner()(predictions, targets), assigners["hungarian_scipy"]]
+    times["hungarian_same_as_scipy"] = same(hungarians[0], hungarians[1](predictions, targets))
     unchanged = all(v for r in rows for k, v in r.items() if k.endswith("changes_nothing"))
     return {"batches": rows, "padding_changes_nothing": unchanged, "timed_batch": row} | times
 

@@ -29,9 +29,17 @@ class HungarianAssigner:
     summary = "one anchor per box at minimum cost: on the GPU without a host sync, else scipy"
 
     def __init__(
-        self, cls_weight: float = 2.0, l1_weight: float = 5.0, giou_weight: float = 2.0
+        self,
+        cls_weight: float = 2.0,
+        l1_weight: float = 5.0,
+        giou_weight: float = 2.0,
+        *,
+        on_gpu: bool = True,
     ) -> None:
+        """``on_gpu=False`` solves with scipy even where the GPU solver runs (the reference,
+        and what ``tools/bench_assigner.py`` times the GPU solver against)."""
         self.cls_weight, self.l1_weight, self.giou_weight = cls_weight, l1_weight, giou_weight
+        self.on_gpu = on_gpu
 
     @torch.no_grad()
     def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
@@ -48,7 +56,7 @@ class HungarianAssigner:
             + self.l1_weight * l1
             - self.giou_weight * pairwise_giou(gt_boxes, pred_boxes)
         )  # [B, M, A]
-        solve = gpu_solver() if cost.is_cuda else None
+        solve = gpu_solver() if cost.is_cuda and self.on_gpu else None
         if solve is not None:
             owner, foreground = match_on_device(cost, targets.counts, solve)
         else:
