@@ -27,8 +27,9 @@ MIN_CAPABILITY = (8, 0)
 """The library's own floor for its Triton path (Ampere)."""
 
 EXTREME = 1e6
-"""What a NaN or infinite cost becomes: far beyond the real costs (a few units), small enough
-that the solver's potentials stay exact in float32."""
+"""What a NaN or infinite cost becomes: beyond every real cost (a few units), so the solver
+still runs and the step goes on. Only a diverged prediction makes one, and that image is then
+matched coarsely (float32 keeps about 0.06 near 1e6)."""
 
 
 @functools.cache
