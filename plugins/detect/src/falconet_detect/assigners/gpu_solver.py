@@ -70,10 +70,9 @@ def match_on_device(
     costs (a diverged prediction) become finite extremes instead of failing the step.
     """
     batch, slots, anchors = cost.shape
-    owner = torch.zeros(batch, anchors, dtype=torch.int64, device=cost.device)
-    foreground = torch.zeros(batch, anchors, device=cost.device)
-    if slots == 0 or anchors == 0:
-        return owner, foreground
+    if slots == 0 or anchors == 0:  # no box slot in the bucket: nothing to match
+        empty = torch.zeros(batch, anchors, device=cost.device)
+        return empty.long(), empty
     cost = torch.nan_to_num(cost.float(), nan=EXTREME, posinf=EXTREME, neginf=-EXTREME)
     slot = torch.arange(slots, device=cost.device)
     real = slot[None] < counts[:, None]  # [B, M]
