@@ -98,7 +98,7 @@ def test_a_recipe_without_an_assigner_is_an_error_that_lists_them(
     model = _add_family(installed_falconet_plugins, "plain", lambda loss: loss)
     family = type(installed_falconet_plugins.families.get(model))
     family.default_recipe = lambda self, model: {"optimizer": "sgd", "lr0": 0.01, "imgsz": 64}
-    with pytest.raises(ConfigError, match="names no label assigner; set assigner= one of .*tal"):
+    with pytest.raises(ConfigError, match=r"names no label assigner; set assigner= one of .*tal"):
         plan_run({"data": str(tiny_shapes)}, installed_falconet_plugins, base_model=model)
 
 

@@ -323,16 +323,16 @@ def test_whole_step_declines_what_it_cannot_capture(precision, options, static, 
     assert got is None if reason is None else reason in got
 
 
-def test_whole_step_declines_in_a_distributed_run_and_cuda_graph_takes_auto(
-    installed_falconet_plugins,
-):
+def test_whole_step_takes_auto_in_a_distributed_run(installed_falconet_plugins):
+    """It records the gradients' all-reduce in the step (tests/test_distributed_whole_step.py),
+    so a distributed run no longer makes it decline."""
     from falconet.training.backends import choose_graph
 
     net = torch.nn.Linear(1, 1)
     options = {"optimizer": "sgd", "momentum": 0.9}
     context = GraphContext(torch.device("cuda", 0), "bf16", 2, net, options, static_loss=True)
-    assert "all-reduce" in WholeStepBackend().decline_reason(context)
-    assert choose_graph("auto", context, net, installed_falconet_plugins)[0] == "cuda-graph"
+    assert WholeStepBackend().decline_reason(context) is None
+    assert choose_graph("auto", context, net, installed_falconet_plugins)[0] == "whole-step"
 
 
 def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):

@@ -39,12 +39,14 @@ captured; after the failed capture the same process keeps training it eagerly, a
 outputs and gradients are compared bit for bit with an untouched copy trained eagerly, so
 the report says whether falling back to eager in-process is safe.
 
-**Under DDP** (``--ddp``): every arm's network is called through ``DistributedDataParallel`` over
-a one-process NCCL group (Gloo on the CPU), as a distributed run's step is, and only eager and
-cuda-graph run (whole-step declines under DDP): cuda-graph's replays hand their gradients to
-DDP's reducer, whose all-reduce runs outside the recording, and the pairs say whether that is
-bit for bit eager DDP. On a machine with N GPUs, ``torchrun --nproc-per-node N`` runs the same
-arms distributed (each rank its share of every batch; rank 0 reports).
+**Under DDP** (``--ddp``): every arm runs as a distributed run's step does, over a one-process
+NCCL group (Gloo on the CPU): eager and cuda-graph call the network through
+``DistributedDataParallel`` (cuda-graph's replays hand their gradients to DDP's reducer, whose
+all-reduce runs outside the recording), and whole-step records the gradients' all-reduce and
+the buffers' broadcast inside its update graph, agreeing on each batch's key over a Gloo group;
+the pairs say whether each is bit for bit eager DDP. On a machine with N GPUs, ``torchrun
+--nproc-per-node N`` runs the same arms distributed (each rank its share of every batch; rank
+0 reports).
 
 On the CPU (``--device cpu``, or no GPU) only the script itself is checked: the graph
 backends decline and run eagerly, fp16 (CUDA only) is left out, and there is no memory
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import logging
 import math
@@ -167,14 +170,20 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
     import dataclasses
     import functools
 
+    import torch.distributed as dist
+
     from falconet.interfaces import GraphContext
+    from falconet.training.collectives import RankCollectives
     from falconet.training.distributed import replicate
 
     run = trainer.run
     if run.parts.replicate is not None:  # already distributed (torchrun with several ranks)
         return
+    collectives = RankCollectives(1, dist.new_group(backend="gloo"))
     run.parts = dataclasses.replace(
-        run.parts, replicate=functools.partial(replicate, device=run.device)
+        run.parts,
+        replicate=functools.partial(replicate, device=run.device),
+        collectives=collectives,
     )
     context = GraphContext(
         run.device,
@@ -405,8 +414,7 @@ def paired(args, amp: str, tmp: Path) -> dict:
     keys = paired_keys(args, amp, tmp)
     specs = [("eager", "eager", {}), ("eager2", "eager", {}), ("graph", "cuda-graph", {})]
     specs.append(("graph2", "cuda-graph", {}))  # is a replay itself run-to-run deterministic?
-    if not args.ddp:  # whole-step declines under DDP
-        specs.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
+    specs.append(("whole", "whole-step", {}))  # fp16: the gradient scaler on the device
     if amp in args.fuse.split(",") and not args.ddp:
         fused = {"fuse": args.fuse_mode} | dict(k.split("=", 1) for k in args.fused_keys)
         specs.append(("fused", "whole-step", fused))
@@ -685,6 +693,9 @@ def main() -> int:
             print("fp16 left out: it needs a CUDA device", flush=True)
             continue
         result = paired(args, amp, tmp)
+        # the arms' trainers are garbage now: collected here, not in a loader worker the next
+        # precision forks, where a DDP reducer's destructor meets CUDA and aborts the worker
+        gc.collect()
         report["paired"].append(result)
         lines += result["verdict"]["lines"]
         failed += result["verdict"]["failed"]

@@ -25,7 +25,8 @@ that does not know an op calls it through, as modes do for every torch function.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -179,6 +180,21 @@ def _layout(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
+_RANK_LOCAL = [False]  # inside rank_local(): a loss sees one process (an autobatch probe)
+
+
+@contextlib.contextmanager
+def rank_local() -> Iterator[None]:
+    """Inside, :func:`rank_sum` and :func:`world_size` see this process alone: for a step one
+    rank runs while the others wait (autobatch's probe on rank 0), where a collective would
+    meet another collective on the other ranks."""
+    _RANK_LOCAL[0] = True
+    try:
+        yield
+    finally:
+        _RANK_LOCAL[0] = False
+
+
 def rank_sum(x: torch.Tensor) -> torch.Tensor:
     """``x`` summed over the ranks of a distributed run (``x`` itself in one process), with no
     gradient: for a loss's normaliser that depends on the batch's content (a count of
@@ -186,7 +202,7 @@ def rank_sum(x: torch.Tensor) -> torch.Tensor:
     (:mod:`falconet.training.distributed`)."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if world_size() == 1:
         return x
     total = x.detach().clone()
     dist.all_reduce(total)
@@ -194,9 +210,10 @@ def rank_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def world_size() -> int:
-    """The number of ranks training together (1 outside a distributed run)."""
+    """The number of ranks training together (1 outside a distributed run, and inside
+    :func:`rank_local`)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and not _RANK_LOCAL[0]:
         return dist.get_world_size()
     return 1

@@ -22,8 +22,8 @@ import click
 import pluggy
 
 from falconet import __version__, hookspecs, interfaces
-from falconet.keys import KeyGroup
 from falconet.install_hints import known_provider
+from falconet.keys import KeyGroup
 from falconet.registry import Entry, Provenance, Registry
 
 BUILTIN_PLUGIN = "falconet.builtin"

@@ -5,7 +5,7 @@ It declines (the trainer logs the reason and continues with ``graph=eager``) on 
 than CUDA and for a family that declares no capture region. In a distributed run the replayed
 network is called through DDP: a replay's backward hands each parameter its gradient through
 autograd, so DDP's reducer all-reduces the gradients outside the recorded region, as it does
-for the eager network.
+for the eager network. ``whole-step`` records the collectives inside its own graphs instead.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class WholeStepBackend:
     """Record the whole step (forward, loss, backward, clip, SGD or AdamW, EMA) per input
     shape and target bucket; replay it. Needs a family whose loss is static-shaped with the
     run's assigner (YOLO with ``tal``). Its default step is bit for bit the eager step with
-    SGD (docs/performance.md), so ``graph=auto`` prefers it."""
+    SGD (docs/performance.md), so ``graph=auto`` prefers it. In a distributed run the
+    gradients' all-reduce and the buffers' broadcast are recorded in the update's graph
+    (:mod:`falconet_graphs_cuda.whole_step`)."""
 
     name = "whole-step"
     summary = "CUDA-graph capture of the whole training step (static-shaped loss)"
@@ -61,12 +63,6 @@ class WholeStepBackend:
         options = context.options
         if reason is not None:
             return reason
-        if context.world_size > 1:
-            return (
-                "a distributed run all-reduces the gradients between backward and update, and "
-                "recording that all-reduce inside the step's graph is not built yet "
-                "(graph=cuda-graph records the network and leaves the all-reduce to DDP)"
-            )
         if not context.static_loss:
             return (
                 f"the model family declares no static-shaped loss with "

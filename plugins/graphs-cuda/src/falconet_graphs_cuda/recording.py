@@ -181,7 +181,8 @@ class CudaStepRecorder:
     """Records :class:`~falconet_graphs_cuda.static_step.StaticStep`'s two functions as CUDA
     graphs, with the rules of :class:`CudaRecorder` (side-stream warm-up, state restored after
     it, one shared pool, thread-local capture mode). The update's warm-up runs once on the real
-    tensors and everything it changed (weights, momentum buffers, EMA, gradients) is restored."""
+    tensors and everything it changed (weights, momentum buffers, EMA, gradients, and in a
+    distributed run the network's buffers) is restored."""
 
     def __init__(self, warmup: int = 3) -> None:
         self.warmup = warmup
@@ -231,6 +232,7 @@ class CudaStepRecorder:
         tensors += step.state_tensors() + step.scaler_tensors()
         floats, others = step.ema_tensors()
         tensors += floats[0] + others[0]
+        tensors += step.buffers  # a distributed update gives them rank 0's values
         saved = [t.detach().clone() for t in tensors]
         try:
             side = torch.cuda.Stream(device)

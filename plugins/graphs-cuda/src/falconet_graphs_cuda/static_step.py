@@ -71,6 +71,7 @@ class StaticStep:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.flat_grads, self.grads = packed_like(self.params)
+        self.buffers = list(self.network.buffers())
         self._make_casts()
         # BatchNorm's batch counters, advanced in one kernel by micro (see there)
         self.counted = [
@@ -267,13 +268,23 @@ class StaticStep:
     def update(self) -> None:
         """Clip, SGD step, EMA update, zero the gradients: the eager step's optimizer phase
         (with the scaler: unscale first, undo an overflowed step, update the scale). Each part
-        is a method of its own, which ``tools/bench_update.py`` times on its own."""
+        is a method of its own, which ``tools/bench_update.py`` times on its own.
+
+        In a distributed run it begins by averaging the gradients over the ranks (one
+        all-reduce of the flat buffer, where DDP reduces bucket by bucket during the
+        backward) and gives every rank rank 0's buffers before the EMA, as the eager step
+        does: both are collectives a CUDA graph records with the rest."""
+        collectives = self.parts.collectives
+        if collectives is not None:
+            collectives.average_gradients_(self.flat_grads)
         if self.scaler is not None:
             self._unscale()
         self._clip()
         self._step()
         if self.scaler is not None:
             self._update_scale()
+        if collectives is not None and self.buffers:
+            collectives.broadcast_(self.buffers)
         self._ema()
         self.flat_grads.zero_()
 

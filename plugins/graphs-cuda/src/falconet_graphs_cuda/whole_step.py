@@ -24,6 +24,16 @@ the batches it does not replay. Per batch:
 Eager and replayed batches mix freely inside an accumulation window: the static gradient
 buffers are the parameters' ``.grad`` whenever the whole step replays, and an eager batch adds
 into them as autograd does.
+
+**Distributed** (``parts.collectives`` set): the update's graph begins with the all-reduce of
+the gradients (their flat buffer, once per update) and gives every rank rank 0's buffers
+before the EMA, so NCCL's collectives are recorded inside the step's graph
+(:meth:`StaticStep.update`). Every rank must then record and replay the same graphs at the
+same batch: before each batch the ranks agree on its key on the host (one Gloo all-reduce,
+no device sync): each rank's targets are padded to the largest bucket of any rank, a batch
+whose image shape differs between ranks runs the eager DDP step on every rank, and a
+recording that fails on any rank is given up on every rank. The eager step, for the batches
+not replayed, calls the network through DDP.
 """
 
 from __future__ import annotations
@@ -95,6 +105,7 @@ class WholeStep:
         self.failed: str | None = None
         self.counts = {"replayed": 0, "eager": 0, "recorded": 0, "failed": 0}
         self.capture_seconds = 0.0  # host wall time of every recording: warm-up and capture
+        self.collectives = parts.collectives
 
     @property
     def pending(self) -> bool:
@@ -111,6 +122,11 @@ class WholeStep:
         """Replay the recording of this batch's key, or run the eager step."""
         image_key = (tuple(images.shape), images.stride(), images.dtype)
         bucket = targets.bucket
+        if self.collectives is not None:
+            bucket = self._agreed(images, bucket)
+            if bucket is None:  # the ranks' images differ in shape: none replays
+                self.counts["eager"] += 1
+                return self.eager(images, targets, update=update)
         recording = next(
             (r for r in self.micros.get(image_key, ()) if fits(bucket, r.bucket)), None
         )
@@ -160,15 +176,10 @@ class WholeStep:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged
             self.capture_seconds += time.perf_counter() - start
-            self.failed = describe_failure(exc)
-            self.counts["failed"] += 1
-            log.error(
-                "graph=whole-step could not capture the step for input %s with target bucket "
-                "%s: %s; the run continues eagerly",
-                list(images.shape),
-                bucket,
-                self.failed,
-            )
+            self._give_up(images, bucket, describe_failure(exc))
+            return None
+        if self.collectives is not None and self.collectives.agree_max([0])[0]:
+            self._give_up(images, bucket, "another rank's recording failed")
             return None
         seconds = time.perf_counter() - start
         self.capture_seconds += seconds
@@ -183,6 +194,32 @@ class WholeStep:
             seconds * 1e3,
         )
         return recording
+
+    def _give_up(self, images: torch.Tensor, bucket: tuple[int, ...], why: str) -> None:
+        """Record no more: the run continues eagerly. In a distributed run every rank gives up
+        together (the failed rank tells the others, :meth:`_maybe_record`)."""
+        if self.collectives is not None and why != "another rank's recording failed":
+            self.collectives.agree_max([1])
+        self.failed = why
+        self.counts["failed"] += 1
+        log.error(
+            "graph=whole-step could not capture the step for input %s with target bucket "
+            "%s: %s; the run continues eagerly",
+            list(images.shape),
+            bucket,
+            why,
+        )
+
+    def _agreed(self, images: torch.Tensor, bucket: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The bucket every rank trains this batch in (the largest of the ranks'), or ``None``
+        where the ranks' image shapes differ (a host-side all-reduce of the shape, its
+        negation and the bucket: the largest of the negated shape is the smallest shape)."""
+        shape = list(images.shape)
+        agreed = self.collectives.agree_max([*shape, *(-n for n in shape), *bucket])
+        largest, smallest = agreed[: len(shape)], [-n for n in agreed[len(shape) : 2 * len(shape)]]
+        if largest != smallest:
+            return None
+        return tuple(agreed[2 * len(shape) :])
 
     def _widened(self, image_key: tuple, bucket: tuple[int, ...]) -> tuple[int, ...]:
         """The bucket to record a batch of ``bucket`` in. With the per-box view (``(M, N)``)

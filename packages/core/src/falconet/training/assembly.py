@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from falconet import ops
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.data.targets import Targets
@@ -34,6 +35,7 @@ from falconet.training.autobatch import (
 )
 from falconet.training.backends import choose_graph, choose_precision
 from falconet.training.checkpoint import load_matching_weights
+from falconet.training.collectives import rank_collectives
 from falconet.training.config import TrainConfig
 from falconet.training.devices import configure_determinism
 from falconet.training.distributed import (
@@ -129,6 +131,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         phases=Phases(),
         device=device,
         replicate=functools.partial(replicate, device=device) if world.distributed else None,
+        collectives=rank_collectives(world.size, cfg.dist_timeout),
     )
     context = graph_context(plan, cfg, model, precision, device, world)
     graph, backend = choose_graph(cfg.graph, context, model, plugins)
@@ -220,7 +223,7 @@ def probe_step(
     of ``boxes`` boxes each until the backend replays, then validate a batch twice as large
     while the step is still held: the memory a run's epoch and its validation need."""
     cfg = plan.config.model_copy(update={"batch": batch})
-    with quiet():
+    with quiet(), ops.rank_local():  # rank 0 alone: the others wait for its choice
         model = build_network(plan, len(dataset.names), precision, device)
         parts = StepParts(
             model=model,

@@ -11,9 +11,11 @@ PyTorch's allocator is the candidate's cost (:func:`probe_step`).
 
 The search (:func:`choose_batch`) measures two batches, fits ``cost = fixed + per_image *
 batch`` through them, takes the largest batch the line allows under the budget and measures
-that one too. A candidate that costs more than the budget is replaced by the crossing of the
-budget with the line through it and the largest batch that fitted (for a cost that grows
-faster than linearly that crossing fits); one that runs out of memory is shrunk by 15%. Each
+that one too. A candidate that costs more than the budget is replaced by the batch where the
+line through it and the largest batch that fitted crosses as far below the budget as the
+candidate went over it, at most 3% of the budget (the crossing of the budget itself landed a few images short, over
+and over, on a step whose cost grows a little faster than linearly); one that runs out of
+memory is shrunk by 15%. Each
 is measured again, so the batch chosen is one that was seen to fit, never an extrapolation.
 Every measurement is logged with its seconds.
 
@@ -53,6 +55,9 @@ LARGEST = 1024
 
 SHRINK = 0.85
 """A candidate that runs out of memory is retried at this fraction of itself."""
+
+MARGIN = 0.03
+"""After an overshoot, the next candidate aims at most this share of the budget below it."""
 
 TRIES = 4
 """Measurements after the two of the fit, at most."""
@@ -116,10 +121,13 @@ def choose_batch(measure: Measure, budget: int, largest: int = LARGEST) -> Choic
         if peak is None:  # out of memory: no cost to draw a line through
             candidate = int(candidate * SHRINK)
             continue
-        # over the budget: the line through the largest fit and this cost crosses the budget
-        # at or left of the true crossing when cost grows faster than linearly
+        # over the budget: aim as far below the budget as this cost went over it (at most
+        # MARGIN of it), on the line through the largest fit and this cost (the line's crossing
+        # of the budget itself lay a few images short of each new overshoot, a probe each:
+        # docs/training.md)
         slope = (peak - fits[below]) / (candidate - below)
-        candidate = min(below + int((budget - fits[below]) / slope), candidate - 1)
+        target = budget - min(peak - budget, MARGIN * budget)
+        candidate = min(below + int((target - fits[below]) / slope), candidate - 1)
     return _chosen(fits, tried, budget)
 
 

@@ -172,13 +172,15 @@ def batch_norm_across_ranks(
 def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``model`` wrapped in ``DistributedDataParallel``: its backward averages the gradients
     over the ranks (the model's parameters stay the trained ones; the step calls the
-    wrapper), and each forward gives every rank rank 0's buffers (BatchNorm's running
-    statistics), so the ranks hold one model, and one EMA of it, which validates their shares
-    of the val split alike."""
+    wrapper). DDP's broadcast of the buffers before a forward is off: the step gives every
+    rank rank 0's buffers (BatchNorm's running statistics) after each update, before the
+    EMA reads them (``StepParts.collectives``), at one point that a recorded step can hold
+    too, so the ranks hold one model, and one EMA of it, which validates their shares of the
+    val split alike."""
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
 def _end_with_launcher() -> None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from falconet.data.targets import Targets
     from falconet.interfaces import PrecisionBackend
     from falconet.loss_scaler import LossScaler
+    from falconet.training.collectives import RankCollectives
     from falconet.training.optimization import ModelEMA, Schedule
 
 LossFn = Callable[[Any, "Targets"], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -75,6 +76,10 @@ class StepParts:
     :param replicate: in a distributed run, what wraps the network the step calls in
         ``DistributedDataParallel`` (:func:`falconet.training.distributed.replicate`), whose
         backward averages the gradients over the ranks; ``None`` otherwise.
+    :param collectives: in a distributed run, what the step needs of the other ranks
+        (:class:`falconet.training.collectives.RankCollectives`): a backend that takes over
+        the whole step averages the gradients itself; every step gives each rank rank 0's
+        buffers after an update. ``None`` otherwise.
     """
 
     model: nn.Module
@@ -90,6 +95,7 @@ class StepParts:
     phases: Phases
     device: torch.device
     replicate: Callable[[nn.Module], nn.Module] | None = None
+    collectives: RankCollectives | None = None
 
     def set_rates(self) -> None:
         """Set the optimizer's learning rates and momenta for the next update."""
@@ -197,6 +203,7 @@ class EagerStep:
         # DDP all-reduces in every backward unless told not to: a batch that does not update
         # only accumulates, and the update's backward reduces the sum once
         self._replicated = isinstance(self.network, DistributedDataParallel)
+        self._buffers = list(parts.model.buffers())
 
     def stats(self) -> CaptureStats:
         return self._stats() if self._stats is not None else NO_CAPTURES
@@ -232,6 +239,10 @@ class EagerStep:
                 p.optimizer.step()
             p.optimizer.zero_grad(set_to_none=True)
             p.progress.updates += 1
+            if p.collectives is not None and self._buffers:
+                # DDP's own buffer broadcast is off (replicate): here, after the update and
+                # before the EMA reads them, every rank takes rank 0's statistics
+                p.collectives.broadcast_(self._buffers)
         with p.phases("ema"):
             if p.ema is not None:
                 p.ema.update(p.model)

@@ -1,0 +1,137 @@
+"""graph=whole-step under DDP, on two Gloo ranks: the whole step with its collectives inside
+(the gradients' all-reduce and the buffers' broadcast in the update, agreement on each batch's
+key on the host) trains bit for bit as the eager DDP step, YOLO's loss and BatchNorm included.
+
+CUDA graphs need a GPU, so the recorder "replays" by running the recorded functions on the
+static buffers (falconet_graphs_cuda.recording.EagerStepRecorder), collectives included;
+tools/check_graphs.py --ddp records them in CUDA graphs over NCCL on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+ARMS_SCRIPT = """
+import gc
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from falconet.data.targets import Targets
+from falconet.interfaces import GraphContext
+from falconet.plugins import get_plugins
+from falconet.training.assembly import assemble
+from falconet.training.distributed import stop
+from falconet.training.planning import plan_run
+from falconet_graphs_cuda.keys import GraphsCudaKeys
+from falconet_graphs_cuda.recording import EagerStepRecorder
+from falconet_graphs_cuda.whole_step import WholeStep
+
+keys = json.loads(sys.argv[2])
+plugins = get_plugins()
+
+
+def arm(whole):
+    run = assemble(plan_run(keys, plugins), plugins)
+    if whole:  # the eager DDP step assemble made is dropped (and its reducer's hooks with it)
+        run.step = None
+        gc.collect()
+        options = GraphContext(run.device, run.precision.name, options=run.config.model_dump())
+        run.step = WholeStep(run.parts, options.keys(GraphsCudaKeys), EagerStepRecorder())
+    return run
+
+
+def train(run, data):
+    losses = []
+    for i, batch in enumerate(data):
+        images = batch["images"].float().div_(255)
+        update = (i + 1) % run.accumulate == 0
+        losses.append(float(run.step(images, Targets.from_batch(batch), update=update).loss))
+    return losses
+
+
+def state(run):
+    tensors = dict(run.model.state_dict())
+    tensors |= {f"ema.{k}": v for k, v in run.ema.module.state_dict().items()}
+    for i, s in enumerate(run.optimizer.state.values()):
+        tensors[f"momentum.{i}"] = s["momentum_buffer"]
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+initial = state(arm(False))  # every rank: assembling a run is collective (DDP's set-up)
+eager = arm(False)
+eager.train_loader.batch_sampler.set_epochs(0, 8)  # 3 batches an epoch
+data = list(eager.train_loader)
+reference = train(eager, data)
+whole = arm(True)
+got = train(whole, data)
+rank = dist.get_rank()
+buckets = [None] * dist.get_world_size()
+dist.all_gather_object(buckets, [list(Targets.from_batch(b).bucket) for b in data])
+mine = torch.cat([p.detach().flatten() for p in whole.model.parameters()])
+gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, mine)
+if rank == 0:
+    stats = whole.step.stats()
+    torch.save(
+        {
+            "eager": state(eager),
+            "whole": state(whole),
+            "initial": initial,
+            "losses": [reference, got],
+            "buckets": buckets,
+            "ranks_equal": all(torch.equal(g, gathered[0]) for g in gathered),
+            "counts": {"replayed": stats.replayed, "recorded": stats.recorded,
+                       "failed": stats.failed, "eager": stats.eager},
+            "updates": [eager.progress.updates, whole.progress.updates],
+        },
+        sys.argv[1],
+    )
+stop()
+os._exit(0)  # as in test_distributed: no interpreter teardown after the results are written
+"""
+
+
+def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tmp_path):
+    """yolo-n on two Gloo ranks, each its own share of 24 batches (4 images a rank, 2 batches an
+    update, SGD with momentum, EMA, BatchNorm): the whole step (recordings replayed from the
+    4th batch) ends with the weights, BatchNorm statistics, EMA and momentum of the eager DDP
+    step, bit for bit, with the same losses, on both ranks alike; some batches had another
+    target bucket on each rank, so the agreement on the bucket was exercised."""
+    keys = {**tiny_run, "device": "cpu", "nbs": "16", "val": "false", "seed": "5"}
+    keys |= {"optimizer": "sgd", "close_mosaic": "0"}
+    script = tmp_path / "arms.py"
+    script.write_text(ARMS_SCRIPT)
+    out = tmp_path / "arms.pt"
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541"]
+    done = subprocess.run(
+        [sys.executable, *torchrun, str(script), str(out), json.dumps(keys)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = torch.load(out, weights_only=True)
+    counts = result["counts"]
+    assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
+    assert result["updates"] == [12, 12]
+    rank0, rank1 = result["buckets"]
+    assert any(a != b for a, b in zip(rank0, rank1, strict=True)), "no batch's bucket differed"
+    assert result["ranks_equal"]
+    assert result["losses"][0] == result["losses"][1]
+    floats = [n for n, v in result["initial"].items() if v.is_floating_point()]
+    moved = [n for n in floats if not torch.equal(result["eager"][n], result["initial"][n])]
+    assert len(moved) > 0.9 * len(floats)  # the optimizer stepped (DFL's fixed conv did not)
+    for name, value in result["eager"].items():
+        assert torch.equal(result["whole"][name], value), name
