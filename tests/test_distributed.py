@@ -411,6 +411,23 @@ def test_a_device_list_without_gpus_is_refused_before_anything_starts(tiny_run, 
     assert not Path(tiny_run["project"]).exists()
 
 
+def test_a_device_list_refuses_bad_keys_before_any_worker_starts(tiny_run):
+    """What would fail in every worker fails here, in the caller: a global batch that does
+    not divide by the GPUs, and a callback given as an object (only names cross into the
+    workers), named in the error."""
+    from falconet import Detector
+
+    class Recorder:
+        def __repr__(self) -> str:
+            return "Recorder()"
+
+    with pytest.raises(ConfigError, match=r"batch=15 .*\(2 processes\); use batch=14 or"):
+        Detector("yolo-n").train(**{**tiny_run, "batch": 15}, device=[0, 1])
+    with pytest.raises(ConfigError, match=r"Recorder\(\) is an object: register its factory"):
+        Detector("yolo-n").train(**tiny_run, device="0,1", callbacks=[Recorder()])
+    assert not Path(tiny_run["project"]).exists()
+
+
 def test_the_launcher_runs_falconets_command_and_returns_rank_0s_summary(
     tiny_run, tmp_path, monkeypatch
 ):
@@ -557,3 +574,49 @@ def test_the_profiler_under_torchrun_profiles_rank_0_and_never_hangs(tiny_run, t
     assert "rank 0 of 2 profiled its own steps" in done.stderr
     last = torch.load(profile.parent / "weights" / "last.pt", weights_only=True)
     assert last["epoch"] == 1  # the stop took effect at the end of the window's epoch
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' processes in /proc")
+def test_an_elastic_restart_resumes_from_the_last_checkpoint_bit_identically(tiny_run, tmp_path):
+    """torchrun --max-restarts 1, rank 1 killed with SIGKILL after the first epoch's
+    checkpoint: torchrun restarts both ranks, which resume from the run's last.pt (their own
+    rendezvous prefix, so no rank reads the dead generation's addresses) and end with every
+    entry of last.pt equal to the uninterrupted distributed run's."""
+    import signal
+    import time
+
+    from falconet_testing.checkpoints import assert_same_tensors
+
+    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "4", "val": "false", "seed": "3"}
+    whole = _train(_torchrun(29545), {**keys, "name": "whole"}, tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    elastic = [*_torchrun(29547), "--max-restarts", "1"]
+    pairs = [f"{k}={v}" for k, v in {**keys, "name": "elastic"}.items()]
+    launcher = subprocess.Popen(
+        [sys.executable, *elastic, "-m", "falconet", "train", *pairs],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = Path(tiny_run["project"]) / "elastic" / "weights" / "last.pt"
+    try:
+        deadline = time.monotonic() + 300
+        while not last.exists():
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        victim = next(pid for pid in _children(launcher.pid) if _rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "torchrun restarted the workers: resuming from" in stderr
+    a = torch.load(Path(tiny_run["project"]) / "whole" / "weights" / "last.pt", weights_only=True)
+    b = torch.load(last, weights_only=True)
+    for part in a.keys() - {"config"}:
+        assert_same_tensors(a[part], b[part], part)
+    assert b["epoch"] == 4 and b["world_size"] == 2

@@ -42,13 +42,14 @@ class Detector:
         """Train with the keys of ``falconet train --help``; returns the summary (run folder,
         best metrics, per-class AP). Afterwards this detector holds the best weights."""
         from falconet.training.distributed import world_from_env
-        from falconet.training.launch import gpu_list, launch, write_summary
+        from falconet.training.launch import check_before_launch, gpu_list, launch, write_summary
         from falconet.training.planning import build_callbacks, plan_run
         from falconet.training.trainer import Trainer
 
         world = world_from_env()
         gpus = None if world.distributed else gpu_list(keys.get("device", "auto"))
         if gpus:  # one process per GPU (training/launch.py); the caller waits for them
+            check_before_launch(keys, len(gpus), self.plugins)
             summary = launch({"model": self.source, **keys}, gpus)
         else:
             base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None

@@ -13,11 +13,11 @@ The search (:func:`choose_batch`) measures two batches, fits ``cost = fixed + pe
 batch`` through them, takes the largest batch the line allows under the budget and measures
 that one too. A candidate that costs more than the budget is replaced by the batch where the
 line through it and the largest batch that fitted crosses as far below the budget as the
-candidate went over it, at most 3% of the budget (the crossing of the budget itself landed a few images short, over
-and over, on a step whose cost grows a little faster than linearly); one that runs out of
-memory is shrunk by 15%. Each
-is measured again, so the batch chosen is one that was seen to fit, never an extrapolation.
-Every measurement is logged with its seconds.
+candidate went over it, at most 3% of the budget (the crossing of the budget itself landed a
+few images short, over and over, on a step whose cost grows a little faster than linearly);
+one that runs out of memory is shrunk by 15%. Each is measured again, so the batch chosen is
+one that was seen to fit, never an extrapolation. Every measurement is logged with its
+seconds.
 
 Synthetic targets hold twice a mosaic's mean box count per image (four images' worth of the
 train split's mean), so the loss, whose memory grows with the box count, is measured at the

@@ -186,6 +186,14 @@ class TrainConfig(BaseModel):
     def _comma_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        objects = [v for v in value if not isinstance(v, str)] if isinstance(value, list) else []
+        if objects:  # the same keys run in spawned workers (device=0,1): names cross, objects not
+            raise ValueError(
+                f"callbacks= takes the names of registered callbacks, and {objects[0]!r} is an "
+                "object: register its factory through a plugin's register_callbacks hook "
+                "(docs/plugins.md) and name it here, so every process of a run, torchrun's "
+                "workers included, builds its own"
+            )
         return value
 
     def changed(self, other: TrainConfig) -> dict[str, tuple[Any, Any]]:

@@ -127,11 +127,13 @@ def start(world: World, device: torch.device, timeout_s: float) -> None:
         return
     _end_with_launcher()
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(
         backend,
+        store=_attempt_store(world, timeout),
         rank=world.rank,
         world_size=world.size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
     log.info("distributed: rank %d of %d, %s on %s", world.rank, world.size, backend, device)
@@ -181,6 +183,22 @@ def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store | None:
+    """The rendezvous store of a generation of workers torchrun restarted (elastic,
+    ``--max-restarts``), under a prefix of its own; ``None`` (torchrun's environment as it is)
+    on a first attempt. The store torchrun's agent keeps across restarts still holds the dead
+    generation's addresses: a restarted rank could read its peer's old address before the peer
+    wrote its new one, and Gloo then failed to connect (``connectFullMesh ... Connection
+    refused``)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt in ("", "0"):
+        return None
+    from torch.distributed.rendezvous import rendezvous
+
+    store, _, _ = next(rendezvous("env://", world.rank, world.size, timeout=timeout))
+    return dist.PrefixStore(f"falconet/attempt_{attempt}", store)
 
 
 def _end_with_launcher() -> None:

@@ -44,6 +44,19 @@ def gpu_list(spec: Any) -> list[int] | None:
     return [int(i) for i in indices]
 
 
+def check_before_launch(keys: Mapping[str, Any], workers: int, plugins: Any) -> None:
+    """Raise the keys' errors here, before any worker starts, as a run in this process would:
+    an unknown key or bad value, callbacks given as objects (only names cross into the
+    workers), a global batch that does not divide by the workers."""
+    from falconet.training.autobatch import wanted_fraction
+    from falconet.training.config import build_config, config_model
+    from falconet.training.distributed import World, per_rank_batch
+
+    config = build_config(config_model(plugins), {k: v for k, v in keys.items() if k != "device"})
+    if wanted_fraction(config.batch) is None:
+        per_rank_batch(int(config.batch), World(0, 0, workers))
+
+
 def launch(
     keys: Mapping[str, Any], gpus: list[int] | None, processes: int | None = None
 ) -> dict[str, Any]:
