@@ -64,10 +64,10 @@ def ram_store(dataset: DetectionDataset, size: int = SIZE) -> ImageStore:
     return ImageStore(pixels, [image.shape[:2] for image in dataset._ram])
 
 
-@pytest.mark.parametrize("mosaic", [1.0, 0.5, 0.0])
-def test_gpu_batches_are_the_cpu_render_of_their_plans_up_to_rounding(tmp_path, mosaic):
+@pytest.mark.parametrize(("mosaic", "shear"), [(1.0, 0.0), (0.5, 0.0), (0.0, 0.0), (0.5, 8.0)])
+def test_gpu_batches_are_the_cpu_render_of_their_plans_up_to_rounding(tmp_path, mosaic, shear):
     samples = photos(tmp_path / "img")
-    cfg = AugmentConfig(mosaic=mosaic, degrees=10.0)
+    cfg = AugmentConfig(mosaic=mosaic, degrees=10.0, shear=shear)
     dataset = DetectionDataset(samples, SIZE, augment=cfg, cache="ram", seed=5)
     gpu = GpuLoader(dataset, ram_store(dataset), 4, seed=5)
     gpu.batch_sampler.set_epochs(0, 2)

@@ -44,7 +44,7 @@ def quadrant(i: int, h: int, w: int, xc: int, yc: int, size: int) -> tuple[int, 
     return xc, yc, min(xc + w, 2 * size), min(yc + h, 2 * size), 0, 0
 
 
-def affine(canvas: int, angle: float, gain: float, shift, flip: bool) -> np.ndarray:
+def affine(canvas: int, angle: float, gain: float, shift, flip: bool, shear=None) -> np.ndarray:
     centre = np.eye(3)
     centre[:2, 2] = -canvas / 2
     rotate = np.eye(3)
@@ -52,6 +52,12 @@ def affine(canvas: int, angle: float, gain: float, shift, flip: bool) -> np.ndar
     move = np.eye(3)
     move[:2, 2] = shift
     matrix = move @ rotate @ centre
+    if shear is not None:  # about the output point the canvas centre went to
+        skew = np.eye(3)
+        skew[0, 1], skew[1, 0] = np.tan(np.deg2rad(shear))
+        back, there = np.eye(3), np.eye(3)
+        back[:2, 2], there[:2, 2] = -np.asarray(shift), shift
+        matrix = there @ skew @ back @ matrix
     if flip:
         mirror = np.diag([-1.0, 1.0, 1.0])
         mirror[0, 2] = SIZE
@@ -59,10 +65,11 @@ def affine(canvas: int, angle: float, gain: float, shift, flip: bool) -> np.ndar
     return matrix
 
 
-@pytest.mark.parametrize("mosaic", [1.0, 0.5, 0.0])
-def test_a_batch_plan_is_the_per_sample_geometry_of_its_draws(mosaic):
+@pytest.mark.parametrize(("mosaic", "shear"), [(1.0, 0.0), (0.5, 0.0), (0.0, 0.0), (0.5, 10.0)])
+def test_a_batch_plan_is_the_per_sample_geometry_of_its_draws(mosaic, shear):
+    """With ``shear`` its angles are drawn last, so a run without it keeps its draws."""
     data = samples(12)
-    cfg = AugmentConfig(mosaic=mosaic, degrees=15.0)
+    cfg = AugmentConfig(mosaic=mosaic, degrees=15.0, shear=shear)
     shape = [resized_shape(s, SIZE) for s in data]
     planner = Planner(data, size=SIZE, cfg=cfg, seed=3, shape=shape.__getitem__)
     indices = [5, 0, 11, 3, 3, 7, 2, 9]
@@ -77,6 +84,7 @@ def test_a_batch_plan_is_the_per_sample_geometry_of_its_draws(mosaic):
     gains = rng.uniform(1 - cfg.scale, 1 + cfg.scale, 8)
     shifts = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate, (8, 2)) * SIZE
     hsv = rng.uniform(-1, 1, (8, 3)) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+    shears = rng.uniform(-shear, shear, (8, 2)) if shear else [None] * 8
     assert (plan.mosaic == on).all() and np.allclose(plan.gains, hsv)
     for b, index in enumerate(indices):
         one = plan.sample(b)
@@ -89,7 +97,7 @@ def test_a_batch_plan_is_the_per_sample_geometry_of_its_draws(mosaic):
             left, top = (SIZE - w) // 2, (SIZE - h) // 2
             tiles, canvas = [(index, left, top, left + w, top + h, 0, 0)], SIZE
         assert one.tiles == tuple(tiles) and one.mosaic == on[b]
-        matrix = affine(canvas, angles[b], gains[b], shifts[b], flips[b])
+        matrix = affine(canvas, angles[b], gains[b], shifts[b], flips[b], shears[b])
         np.testing.assert_allclose(one.matrix, matrix, rtol=0, atol=1e-9)
         boxes, labels = [], []
         for image, x1a, y1a, _, _, x1b, y1b in tiles:

@@ -159,6 +159,8 @@ class Planner:
         gain = rng.uniform(1 - cfg.scale, 1 + cfg.scale, batch)
         shift = rng.uniform(0.5 - cfg.translate, 0.5 + cfg.translate, (batch, 2)) * size
         gains = rng.uniform(-1, 1, (batch, 3)) * [cfg.hsv_h, cfg.hsv_s, cfg.hsv_v] + 1
+        # drawn last, and only when asked for: runs without shear keep the draws they had
+        shear = rng.uniform(-cfg.shear, cfg.shear, (batch, 2)) if cfg.shear > 0 else None
 
         members = np.concatenate((index[:, None], partners), 1)  # [B, 4]
         tiles = np.zeros((batch, TILES, 7), np.int64)
@@ -169,7 +171,8 @@ class Planner:
         left, top = (size - w) // 2, (size - h) // 2
         letterboxed = np.stack((index, left, top, left + w, top + h, 0 * h, 0 * h), 1)
         tiles[~mosaic, 0] = letterboxed[~mosaic]
-        matrix = affine_matrices(np.where(mosaic, 2 * size, size), size, angle, gain, shift, flip)
+        canvas = np.where(mosaic, 2 * size, size)
+        matrix = affine_matrices(canvas, size, angle, gain, shift, flip, shear)
         boxes, labels, owner = self._tile_boxes(tiles, mosaic)
         boxes, keep = warp_boxes(boxes, matrix[owner], size)
         return BatchPlan(

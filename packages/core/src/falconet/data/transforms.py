@@ -26,6 +26,8 @@ class AugmentConfig:
     """Probability of a 4-image mosaic."""
     degrees: float = 0.0
     translate: float = 0.1
+    shear: float = 0.0
+    """Random shear range in degrees, along x and along y (drawn only when above 0)."""
     scale: float = 0.5
     """Random scale gain in ``[1 - scale, 1 + scale]``."""
     hsv_h: float = 0.015
@@ -152,11 +154,14 @@ def affine_matrices(
     gain: np.ndarray,
     shift: np.ndarray,
     flip: np.ndarray,
+    shear: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per batch entry: scale by ``gain`` and rotate by ``angle`` degrees (counter-clockwise,
     as ``cv2.getRotationMatrix2D``) around the centre of its ``canvas x canvas`` input, move
-    that centre to ``shift`` (pixels of the ``size x size`` output), then mirror left-right
-    where ``flip``: ``[B, 3, 3]`` float64, input pixels to output pixels."""
+    that centre to ``shift`` (pixels of the ``size x size`` output), shear it there by
+    ``shear`` (``[B, 2]`` degrees: x moves by ``tan(shear_x)`` per pixel of y, y by
+    ``tan(shear_y)`` per pixel of x, around ``shift``), then mirror left-right where ``flip``:
+    ``[B, 3, 3]`` float64, input pixels to output pixels."""
     radians = np.deg2rad(angle)
     alpha, beta = gain * np.cos(radians), gain * np.sin(radians)
     half = np.asarray(canvas, np.float64) / 2
@@ -166,6 +171,12 @@ def affine_matrices(
     matrix[:, 0, 2] = shift[:, 0] - (alpha + beta) * half
     matrix[:, 1, 2] = shift[:, 1] + (beta - alpha) * half
     matrix[:, 2, 2] = 1
+    if shear is not None:
+        slope = np.tan(np.deg2rad(shear))
+        skew = np.tile(np.eye(3), (len(alpha), 1, 1))
+        skew[:, 0, 1], skew[:, 1, 0] = slope[:, 0], slope[:, 1]
+        skew[:, 0, 2], skew[:, 1, 2] = -slope[:, 0] * shift[:, 1], -slope[:, 1] * shift[:, 0]
+        matrix = np.einsum("bij,bjk->bik", skew, matrix)  # no BLAS threads for 3 x 3 products
     matrix[flip, 0, :2] *= -1
     matrix[flip, 0, 2] = size - matrix[flip, 0, 2]
     return matrix

@@ -115,6 +115,7 @@ class TrainConfig(BaseModel):
     close_mosaic: int = Field(10, ge=0, description="turn mosaic off for the last N epochs")
     degrees: float = Field(0.0, ge=0, description="random rotation range, degrees")
     translate: float = Field(0.1, ge=0, le=1, description="random translation, fraction of size")
+    shear: float = Field(0.0, ge=0, lt=90, description="random shear range, degrees (x and y)")
     scale: float = Field(0.5, ge=0, lt=1, description="random scale gain in [1-scale, 1+scale]")
     hsv_h: float = Field(0.015, ge=0, le=1, description="hue jitter")
     hsv_s: float = Field(0.7, ge=0, le=1, description="saturation jitter")

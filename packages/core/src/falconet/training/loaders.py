@@ -25,6 +25,7 @@ def augment_config(cfg: TrainConfig) -> AugmentConfig:
         mosaic=cfg.mosaic,
         degrees=cfg.degrees,
         translate=cfg.translate,
+        shear=cfg.shear,
         scale=cfg.scale,
         hsv_h=cfg.hsv_h,
         hsv_s=cfg.hsv_s,
