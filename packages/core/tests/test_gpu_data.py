@@ -202,3 +202,30 @@ def test_ranks_hold_equal_shards_that_together_hold_every_image(tmp_path, count,
     assert len(shards[0]) == -(-count // world)
     assert {s.image_id for shard in shards for s in shard} == {s.image_id for s in samples}
     assert gpu_shard(samples, World()) == samples
+
+
+def test_cache_auto_takes_the_gpu_where_the_images_fit_in_half_its_free_memory(
+    tmp_path, monkeypatch, caplog
+):
+    """The choice itself (the GPU path is tested above and on the GPU machine): ``gpu`` on a
+    CUDA device with room for the store, ``none`` without room or off CUDA, and any named
+    cache as it is. The free memory is the device's answer, given here."""
+    from falconet.data.resolve import load_dataset
+    from falconet.data.shapes import write_shapes
+    from falconet.training.config import TrainConfig
+    from falconet.training.loaders import resolve_cache
+
+    data = write_shapes(tmp_path / "shapes", {"train": 24, "val": 4}, size=64)
+    dataset = load_dataset(str(data), splits=("train",))
+    cfg = TrainConfig(data=str(data), imgsz=64)
+    need = len(dataset.splits["train"].samples) * 64 * 64 * 3
+    cuda = torch.device("cuda", 0)
+    free = {"bytes": 2 * need}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 10 * need))
+    with caplog.at_level("INFO", logger="falconet.train"):
+        assert resolve_cache(cfg, dataset, cuda) == "gpu"
+    assert "cache=auto: gpu (24 images at 64 px" in caplog.text
+    free["bytes"] = 2 * need - 1
+    assert resolve_cache(cfg, dataset, cuda) == "none"
+    assert resolve_cache(cfg, dataset, torch.device("cpu")) == "none"
+    assert resolve_cache(cfg.model_copy(update={"cache": "ram"}), dataset, cuda) == "ram"

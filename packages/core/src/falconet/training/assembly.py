@@ -48,7 +48,12 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.loaders import build_loaders, fill_gpu_cache, train_samples
+from falconet.training.loaders import (
+    build_loaders,
+    fill_gpu_cache,
+    resolve_cache,
+    train_samples,
+)
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
@@ -101,12 +106,14 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
+    cfg = cfg.model_copy(update={"cache": resolve_cache(cfg, dataset, device, world)})
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
     context = PrecisionContext(device, cfg.model_dump(), batch, cfg.imgsz, world.size)
     precision = choose_precision(cfg.amp_dtype, context, plugins)
     gpu_cache = fill_gpu_cache(cfg, dataset, device, world) if cfg.cache == "gpu" else None
     if fraction is not None:  # after the GPU cache, whose memory the step cannot have
-        cfg = autobatched(plan, plugins, dataset, precision, device, world, fraction)
+        batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
+        cfg = cfg.model_copy(update={"batch": batch})
     model = build_network(plan, len(dataset.names), precision, device)
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
@@ -183,9 +190,9 @@ def autobatched(
     device: torch.device,
     world: World,
     fraction: float,
-) -> TrainConfig:
-    """``plan``'s configuration with the batch autobatch chose (:mod:`falconet.training.
-    autobatch`): rank 0 measures the run's step on its GPU, every rank takes its choice."""
+) -> int:
+    """The global batch autobatch chose (:mod:`falconet.training.autobatch`): rank 0 measures
+    the run's step on its GPU, every rank takes its choice."""
     cfg = plan.config
     per_rank = None
     if world.main:
@@ -202,7 +209,7 @@ def autobatched(
         share_of_split = -(-len(train) // world.size)  # a larger batch has no more images
         per_rank = timed_choice(measure, device, fraction, largest=share_of_split).batch
     per_rank = share(per_rank, device)
-    return cfg.model_copy(update={"batch": per_rank * world.size})
+    return per_rank * world.size
 
 
 PROBE_CALLS = 8

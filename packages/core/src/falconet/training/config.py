@@ -66,10 +66,11 @@ class TrainConfig(BaseModel):
         description="distributed runs: seconds a collective waits for the other ranks before "
         "the job fails (a dead rank ends the job instead of hanging it)",
     )
-    cache: Literal["none", "ram", "disk", "gpu"] = Field(
-        "none",
-        description="decoded-image cache: none, ram, disk (in the cache folder), or gpu "
-        "(in GPU memory, augmented on the GPU)",
+    cache: Literal["auto", "none", "ram", "disk", "gpu"] = Field(
+        "auto",
+        description="decoded-image cache: none, ram, disk (in the cache folder), gpu (in GPU "
+        "memory, augmented on the GPU), or auto (gpu where the images fit in half the GPU's "
+        "free memory, else none)",
     )
     fraction: float = Field(
         1.0, gt=0, le=1, description="train on this leading fraction of the train split"

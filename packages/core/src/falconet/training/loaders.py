@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from falconet.data.gpu_cache import Filled, fill_store
+from falconet.data.gpu_cache import STORE_SHARE, Filled, fill_store, store_bytes
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, build_loader
 from falconet.data.records import Dataset, Sample
@@ -57,6 +57,37 @@ def gpu_shard(samples: list[Sample], world: World) -> list[Sample]:
     share = samples[world.rank :: world.size] or samples[world.rank % len(samples) :][:1]
     size = -(-len(samples) // world.size)
     return (share * size)[:size]
+
+
+def resolve_cache(
+    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
+) -> str:
+    """``cache=auto``'s choice, logged with its reason: ``gpu`` (decoded in GPU memory and
+    augmented there, docs/data.md) on a CUDA device where this rank's images take at most
+    :data:`~falconet.data.gpu_cache.STORE_SHARE` of its free memory, else ``none`` (a RAM
+    cache of a large set could exhaust host memory, so it stays a choice made by name).
+    Any other value is returned as it is."""
+    if cfg.cache != "auto":
+        return cfg.cache
+    if device.type != "cuda":
+        log.info("cache=auto: none (the GPU path needs a CUDA device; this run is on %s)", device)
+        return "none"
+    count = len(gpu_shard(train_samples(cfg, dataset), world))
+    need, gib = store_bytes(count, cfg.imgsz), 2**30
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = need <= STORE_SHARE * free
+    log.info(
+        "cache=auto: %s (%d images at %d px take %.2f GiB; %.1f GiB free on %s, at most %.0f%% "
+        "of it for the images)",
+        "gpu" if fits else "none",
+        count,
+        cfg.imgsz,
+        need / gib,
+        free / gib,
+        device,
+        STORE_SHARE * 100,
+    )
+    return "gpu" if fits else "none"
 
 
 def fill_gpu_cache(
