@@ -35,8 +35,10 @@ from falconet_graphs_cuda.whole_step import WholeStep
 
 @pytest.fixture
 def keys(tiny_run):
-    # 24 images, batch 4: 6 batches an epoch; nbs 8: accumulate 2
-    return {**tiny_run, "batch": "4", "nbs": "8", "val": "false", "optimizer": "sgd"}
+    # 24 images, batch 4: 6 batches an epoch; nbs 8: accumulate 2; on the CPU, also on a GPU
+    # machine (the GPU test below asks for its device)
+    keys = {**tiny_run, "batch": "4", "nbs": "8", "val": "false", "optimizer": "sgd"}
+    return {**keys, "device": "cpu"}
 
 
 def cuda_keys(run: Run) -> GraphsCudaKeys:
