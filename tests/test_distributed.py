@@ -443,6 +443,32 @@ def test_the_launcher_runs_falconets_command_and_returns_rank_0s_summary(
     assert summary["epochs"] == 1 and "AP" in summary["metrics"]
 
 
+def test_a_plain_script_without_a_guard_launches_once_and_is_not_imported_again(tiny_run, tmp_path):
+    """A user's script with no ``if __name__ == "__main__":`` guard starts a two-process run
+    (the launcher that device=0,1 uses, here with CPU processes) and prints at import: its
+    line appears once, since the workers run falconet's command, never the script."""
+    keys = {**tiny_run, "nbs": "8", "epochs": "1", "val": "false", "name": "plain"}
+    script = tmp_path / "train_plain.py"
+    script.write_text(
+        "from falconet.training.launch import launch\n"
+        "print('imported the user script', flush=True)\n"
+        f"summary = launch({keys!r}, None, processes=2)\n"
+        "print('run folder', summary['run_dir'], flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("imported the user script") == 1
+    assert (Path(tiny_run["project"]) / "plain" / "weights" / "last.pt").exists()
+
+
 def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path):
     """torchrun's agent killed with SIGKILL mid-epoch takes its ranks with it; resumed with the
     same world size, the run ends with every entry of last.pt equal to the uninterrupted
