@@ -90,6 +90,12 @@ def resolve_cache(
     return "gpu" if fits else "none"
 
 
+def host_cache(cache: str) -> str:
+    """The CPU loader's cache for the run's ``cache``: ``auto`` is ``none`` where no run
+    resolved it for a device (:func:`resolve_cache`), as for a loader built on its own."""
+    return "none" if cache == "auto" else cache
+
+
 def fill_gpu_cache(
     cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
 ) -> Filled:
@@ -143,7 +149,7 @@ def build_loaders(
         train_samples(cfg, dataset),
         cfg.imgsz,
         augment=augment_config(cfg),
-        cache=cfg.cache,
+        cache=host_cache(cfg.cache),
         seed=cfg.seed,
         close_mosaic_from=close_from,
     )
@@ -165,7 +171,7 @@ def build_val_loader(
 ) -> torch.utils.data.DataLoader:
     """Letterboxed val images in order, twice the training batch per step (per rank: each
     rank predicts every ``world.size``-th image, and rank 0 scores them all)."""
-    cache = "ram" if cfg.cache == "gpu" else cfg.cache  # val letterboxes on the CPU workers
+    cache = "ram" if cfg.cache == "gpu" else host_cache(cfg.cache)  # val: on the CPU workers
     val_set = DetectionDataset(dataset.splits["val"].samples, cfg.imgsz, cache=cache)
     return build_loader(
         val_set,
