@@ -36,6 +36,7 @@ from falconet_graphs_cuda.recording import EagerStepRecorder
 from falconet_graphs_cuda.whole_step import WholeStep
 
 keys = json.loads(sys.argv[2])
+failing_rank = int(sys.argv[3])  # whose recordings fail (-1: none)
 plugins = get_plugins()
 
 
@@ -45,7 +46,8 @@ def arm(whole):
         run.step = None
         gc.collect()
         options = GraphContext(run.device, run.precision.name, options=run.config.model_dump())
-        run.step = WholeStep(run.parts, options.keys(GraphsCudaKeys), EagerStepRecorder())
+        recorder = EagerStepRecorder(fail=dist.get_rank() == failing_rank)
+        run.step = WholeStep(run.parts, options.keys(GraphsCudaKeys), recorder)
     return run
 
 
@@ -92,6 +94,7 @@ if rank == 0:
             "counts": {"replayed": stats.replayed, "recorded": stats.recorded,
                        "failed": stats.failed, "eager": stats.eager},
             "updates": [eager.progress.updates, whole.progress.updates],
+            "failure": whole.step.failed,
         },
         sys.argv[1],
     )
@@ -100,20 +103,16 @@ os._exit(0)  # as in test_distributed: no interpreter teardown after the results
 """
 
 
-def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tmp_path):
-    """yolo-n on two Gloo ranks, each its own share of 24 batches (4 images a rank, 2 batches an
-    update, SGD with momentum, EMA, BatchNorm): the whole step (recordings replayed from the
-    4th batch) ends with the weights, BatchNorm statistics, EMA and momentum of the eager DDP
-    step, bit for bit, with the same losses, on both ranks alike; some batches had another
-    target bucket on each rank, so the agreement on the bucket was exercised."""
+def _arms(tiny_run, tmp_path, failing_rank: int, port: int) -> dict:
+    """The eager and whole-step DDP arms on two Gloo ranks (ARMS_SCRIPT): rank 0's results."""
     keys = {**tiny_run, "device": "cpu", "nbs": "16", "val": "false", "seed": "5"}
     keys |= {"optimizer": "sgd", "close_mosaic": "0"}
     script = tmp_path / "arms.py"
     script.write_text(ARMS_SCRIPT)
     out = tmp_path / "arms.pt"
-    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29541"]
+    torchrun = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
     done = subprocess.run(
-        [sys.executable, *torchrun, str(script), str(out), json.dumps(keys)],
+        [sys.executable, *torchrun, str(script), str(out), json.dumps(keys), str(failing_rank)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         cwd=tmp_path,
         capture_output=True,
@@ -122,12 +121,11 @@ def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tm
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = torch.load(out, weights_only=True)
-    counts = result["counts"]
-    assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
+    return torch.load(out, weights_only=True)
+
+
+def _same_training(result: dict) -> None:
     assert result["updates"] == [12, 12]
-    rank0, rank1 = result["buckets"]
-    assert any(a != b for a, b in zip(rank0, rank1, strict=True)), "no batch's bucket differed"
     assert result["ranks_equal"]
     assert result["losses"][0] == result["losses"][1]
     floats = [n for n, v in result["initial"].items() if v.is_floating_point()]
@@ -135,3 +133,28 @@ def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tm
     assert len(moved) > 0.9 * len(floats)  # the optimizer stepped (DFL's fixed conv did not)
     for name, value in result["eager"].items():
         assert torch.equal(result["whole"][name], value), name
+
+
+def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tmp_path):
+    """yolo-n on two Gloo ranks, each its own share of 24 batches (4 images a rank, 2 batches an
+    update, SGD with momentum, EMA, BatchNorm): the whole step (recordings replayed from the
+    4th batch) ends with the weights, BatchNorm statistics, EMA and momentum of the eager DDP
+    step, bit for bit, with the same losses, on both ranks alike; some batches had another
+    target bucket on each rank, so the agreement on the bucket was exercised."""
+    result = _arms(tiny_run, tmp_path, failing_rank=-1, port=29541)
+    counts = result["counts"]
+    assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
+    rank0, rank1 = result["buckets"]
+    assert any(a != b for a, b in zip(rank0, rank1, strict=True)), "no batch's bucket differed"
+    _same_training(result)
+
+
+def test_a_recording_that_fails_on_one_rank_is_given_up_on_every_rank(tiny_run, tmp_path):
+    """Rank 1's capture fails: rank 0, whose own recording succeeded, gives up too (it would
+    otherwise replay an update whose all-reduce rank 1 never joins), and both train on
+    eagerly, as the eager DDP step does."""
+    result = _arms(tiny_run, tmp_path, failing_rank=1, port=29543)
+    counts = result["counts"]
+    assert counts["failed"] == 1 and counts["replayed"] == 0 and counts["recorded"] == 0
+    assert result["failure"] == "another rank's recording failed"
+    _same_training(result)

@@ -170,16 +170,17 @@ class WholeStep:
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
         start = time.perf_counter()
+        failure = None
         try:
             recording = recorder.micro(self.step, images, targets.padded(bucket), bucket)
             if self.update is None:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged
+            failure = describe_failure(exc)
+        failure = self._failed_anywhere(failure)
+        if failure is not None:
             self.capture_seconds += time.perf_counter() - start
-            self._give_up(images, bucket, describe_failure(exc))
-            return None
-        if self.collectives is not None and self.collectives.agree_max([0])[0]:
-            self._give_up(images, bucket, "another rank's recording failed")
+            self._give_up(images, bucket, failure)
             return None
         seconds = time.perf_counter() - start
         self.capture_seconds += seconds
@@ -195,11 +196,17 @@ class WholeStep:
         )
         return recording
 
+    def _failed_anywhere(self, failure: str | None) -> str | None:
+        """This rank's recording failure, or in a distributed run another rank's (one host
+        all-reduce after every recording), so that every rank gives up together and none
+        replays a graph whose collectives the others would never join."""
+        if self.collectives is None:
+            return failure
+        anywhere = self.collectives.agree_max([failure is not None])[0]
+        return failure or ("another rank's recording failed" if anywhere else None)
+
     def _give_up(self, images: torch.Tensor, bucket: tuple[int, ...], why: str) -> None:
-        """Record no more: the run continues eagerly. In a distributed run every rank gives up
-        together (the failed rank tells the others, :meth:`_maybe_record`)."""
-        if self.collectives is not None and why != "another rank's recording failed":
-            self.collectives.agree_max([1])
+        """Record no more: the run continues eagerly."""
         self.failed = why
         self.counts["failed"] += 1
         log.error(
