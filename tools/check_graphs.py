@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import json
 import logging
@@ -168,9 +169,6 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
     """Rebuild ``trainer``'s step with its network called through DDP (``--ddp``): a one-process
     run's parts with the distributed run's ``replicate``, built by the same graph backend."""
     import dataclasses
-    import functools
-
-    import torch.distributed as dist
 
     from falconet.interfaces import GraphContext
     from falconet.training.collectives import RankCollectives
@@ -179,7 +177,7 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
     run = trainer.run
     if run.parts.replicate is not None:  # already distributed (torchrun with several ranks)
         return
-    collectives = RankCollectives(1, dist.new_group(backend="gloo"))
+    collectives = RankCollectives(1, _host_group())
     run.parts = dataclasses.replace(
         run.parts,
         replicate=functools.partial(replicate, device=run.device),
@@ -194,6 +192,15 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
         static_loss=run.family.static_loss(run.config.assigner),
     )
     run.step = plugins.graph_backends.get(run.graph).build_step(run.parts, context)
+
+
+@functools.cache
+def _host_group() -> Any:
+    """One Gloo group beside the one-process group, for every arm's host agreements (a new
+    group per arm would connect a new Gloo mesh each time)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
 
 
 def start_one_process_group(device: torch.device) -> None:

@@ -49,6 +49,12 @@ def store_bytes(count: int, size: int) -> int:
     return count * size * size * 3
 
 
+def store_fits(count: int, size: int, free: int) -> bool:
+    """Whether a store of ``count`` images at ``size`` takes at most :data:`STORE_SHARE` of
+    ``free`` bytes (``cache=gpu`` refuses one that does not; ``cache=auto`` then takes none)."""
+    return store_bytes(count, size) <= STORE_SHARE * free
+
+
 def check_fits(count: int, size: int, free: int, total: int, where: str) -> None:
     """Log the store's size; refuse one above :data:`STORE_SHARE` of ``free`` bytes, with the
     numbers and what to use instead."""
@@ -62,7 +68,7 @@ def check_fits(count: int, size: int, free: int, total: int, where: str) -> None
         free / gib,
         total / gib,
     )
-    if need > STORE_SHARE * free:
+    if not store_fits(count, size, free):
         raise DataError(
             f"cache=gpu: {count} images at imgsz={size} need {need / gib:.1f} GiB of GPU "
             f"memory, more than {STORE_SHARE:.0%} of the {free / gib:.1f} GiB free on {where}; "

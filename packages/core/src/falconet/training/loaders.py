@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from falconet.data.gpu_cache import STORE_SHARE, Filled, fill_store, store_bytes
+from falconet.data.gpu_cache import STORE_SHARE, Filled, fill_store, store_bytes, store_fits
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, build_loader
 from falconet.data.records import Dataset, Sample
@@ -73,16 +73,15 @@ def resolve_cache(
         log.info("cache=auto: none (the GPU path needs a CUDA device; this run is on %s)", device)
         return "none"
     count = len(gpu_shard(train_samples(cfg, dataset), world))
-    need, gib = store_bytes(count, cfg.imgsz), 2**30
     free, _ = torch.cuda.mem_get_info(device)
-    fits = need <= STORE_SHARE * free
+    fits, gib = store_fits(count, cfg.imgsz, free), 2**30
     log.info(
         "cache=auto: %s (%d images at %d px take %.2f GiB; %.1f GiB free on %s, at most %.0f%% "
         "of it for the images)",
         "gpu" if fits else "none",
         count,
         cfg.imgsz,
-        need / gib,
+        store_bytes(count, cfg.imgsz) / gib,
         free / gib,
         device,
         STORE_SHARE * 100,
