@@ -249,16 +249,18 @@ def run_falconet(args) -> dict:
         callback = SimpleCallback(clock)
         trainer = Trainer(plan_run(keys, plugins), plugins, [callback])
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
-        saves = timed_calls(trainer.checkpoints, "submit")
+        saves = timed_calls(trainer, "_save")
         images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
         # every epoch's wall time, epoch 1 included: where a short run's time goes
         result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
         result["epoch_batches_s"] = callback.loops  # epoch_s less this: the epochs' ends
-        # the training thread's time handing each epoch's checkpoint to the writer, a wait
-        # for the previous write included; it lands in the next epoch's epoch_s
+        # the training thread's time handing each epoch's checkpoint to the writer (the
+        # states gathered, a wait for the previous write included); in the next epoch_s
         result["save_s"] = saves
+        result.update(callback.boundaries(clock.ends))
+        result["first_batch_s"] = callback.first_batches
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.drop_first()
@@ -315,18 +317,42 @@ def timed_calls(owner, name: str) -> list[float]:
 
 
 class SimpleCallback:
+    """falconet's side of the e2e clock, and where an epoch's time goes beside its batches."""
+
     def __init__(self, clock: EpochClock) -> None:
         self.clock = clock
         self.loops: list[float] = []  # the trainer's own time for each epoch's batches
         self.first_epoch: list[float] = []  # host clock at each of epoch 1's batch ends
+        self.starts: list[float] = []  # host clock at each epoch's start
+        self.first_batches: list[float] = []  # each epoch's first batch, from its start
+
+    def on_epoch_start(self, trainer) -> None:
+        self.starts.append(time.perf_counter())
 
     def on_step_end(self, trainer) -> None:
         if not self.loops:  # epoch 1: where a run's start-up goes (no sync added)
             self.first_epoch.append(time.perf_counter())
+        if trainer.batch_in_epoch == 1:
+            self.first_batches.append(round(time.perf_counter() - self.starts[-1], 4))
 
     def on_epoch_end(self, trainer, row) -> None:
         self.clock.tick()
         self.loops.append(row["epoch_time"])
+
+    def boundaries(self, ticks: list[float]) -> dict[str, list[float]]:
+        """Each epoch's time outside its batches, in two parts: ``before_s``, from the
+        previous epoch's end (``ticks``, the clock's, the run's start first) to this epoch's
+        start (the checkpoint, the stop agreement); ``after_s``, from the end of its batches
+        to its end (its results row, the loggers, the clock's own reads)."""
+        before = [start - tick for tick, start in zip(ticks, self.starts, strict=False)]
+        after = [
+            tick - start - loop
+            for tick, start, loop in zip(ticks[1:], self.starts, self.loops, strict=False)
+        ]
+        return {
+            "before_s": [round(v, 4) for v in before],
+            "after_s": [round(v, 4) for v in after],
+        }
 
 
 def _offline_ultralytics(tmp: Path) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -72,7 +73,7 @@ class PlanTensors:
         inverse = torch.from_numpy(plan.inverse())
         tables = torch.from_numpy(plan.tables())
         if pin:
-            tiles, inverse, tables = tiles.pin_memory(), inverse.pin_memory(), tables.pin_memory()
+            tiles, inverse, tables = pinned(tiles), pinned(inverse), pinned(tables)
         return cls(tiles, inverse, tables)
 
     def to(self, device: torch.device) -> PlanTensors:
@@ -83,6 +84,16 @@ class PlanTensors:
                 for t in (self.tiles, self.inverse, self.tables)
             )
         )
+
+
+def pinned(host: torch.Tensor) -> torch.Tensor:
+    """``host`` copied into pinned memory by numpy. ``Tensor.pin_memory()`` copies with
+    torch's CPU kernel, which splits a copy of more than 32,768 elements (a batch of 64's
+    lookup tables: 49,152 bytes) over torch's OpenMP pool, whose threads then spin on every
+    core after each such copy; numpy copies on the calling thread alone."""
+    out = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+    np.copyto(out.numpy(), host.numpy())
+    return out
 
 
 def render(

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from falconet.data.gpu_augment import ImageStore, PlanTensors, render
+from falconet.data.gpu_augment import ImageStore, PlanTensors, pinned, render
 from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
 from falconet.data.sampler import EpochBatchSampler, EpochSampler
 
@@ -80,7 +80,7 @@ class GpuLoader:
         }
         pin = self.device.type == "cuda"
         if pin:
-            targets = {k: v.pin_memory() for k, v in targets.items()}
+            targets = {k: pinned(v) for k, v in targets.items()}
         return PlanTensors.from_plan(plan, pin=pin), targets
 
     def device_part(self, plan: PlanTensors, targets: dict[str, Any]) -> dict[str, Any]:

@@ -176,7 +176,8 @@ class Trainer:
             with phases("data"):
                 batch = next(batches)
             with phases("to-device"):
-                images = batch["images"].to(device, non_blocking=True).float().div_(255)
+                # uint8 to float32 in [0, 1] in one kernel (.float().div_() is two passes)
+                images = batch["images"].to(device, non_blocking=True).div(255)
                 targets = Targets.from_batch(batch).to(device, non_blocking=True)
             update = (i + 1) % run.accumulate == 0 or i + 1 == batches_per_epoch
             loss, parts = step(images, targets, update=update)

@@ -97,7 +97,8 @@ def predict_split(
     its workers have already started on), in original pixels, accumulated."""
     accumulator = DetectionAccumulator(categories)
     for batch in loader:
-        images = batch["images"].to(device, non_blocking=True).float().div_(255)
+        # uint8 to float32 in [0, 1] in one kernel (.float().div_() is two passes)
+        images = batch["images"].to(device, non_blocking=True).div(255)
         with autocast or nullcontext():
             outputs = network(images)
         sizes = [tuple(images.shape[2:])] * len(images)
