@@ -79,9 +79,29 @@ def test_host_copy_snapshots_each_tensor_once_and_rebuilds_containers():
     assert torch.equal(snap["a"], torch.ones(3))
 
 
-def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch):
+def test_unique_tensors_lists_each_tensor_once_in_order():
+    shared, other = torch.ones(3), torch.zeros(2)
+    state = {"a": shared, "b": [shared, (other, 7)], "c": {"d": other}, "n": "x"}
+    found = checkpoint.unique_tensors(state)
+    assert len(found) == 2 and found[0] is shared and found[1] is other
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="the device mirror needs a CUDA GPU"
+            ),
+        ),
+    ],
+)
+def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch, device):
     """A slow disk: the write starts only after training has changed the weights in place.
-    The file must still hold the weights as they were when the epoch ended."""
+    The file must still hold the weights as they were when the epoch ended (on a GPU, the
+    device mirror's copy, brought to the host by the writer's thread)."""
     go = threading.Event()
     real_save = checkpoint.save_atomic
 
@@ -90,13 +110,16 @@ def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch):
         return real_save(state, path)
 
     monkeypatch.setattr(checkpoint, "save_atomic", slow_save)
-    weights = torch.ones(4)
+    weights = torch.ones(4, device=device)
     writer = checkpoint.CheckpointWriter()
-    writer.submit([({"format": FORMAT, "w": weights}, tmp_path / "last.pt")])
-    weights.mul_(5)  # the next epoch's first update, before the file is written
-    go.set()
-    writer.wait()
-    assert torch.equal(load_checkpoint(tmp_path / "last.pt")["w"], torch.ones(4))
+    for epoch in (1, 2):  # the second refreshes the mirror made by the first
+        go.clear()
+        writer.submit([({"format": FORMAT, "w": weights}, tmp_path / "last.pt")])
+        weights.mul_(5)  # the next epoch's first update, before the file is written
+        go.set()
+        writer.wait()
+        expected = torch.full((4,), 5.0 ** (epoch - 1))
+        assert torch.equal(load_checkpoint(tmp_path / "last.pt")["w"], expected)
 
 
 def test_a_failed_background_write_is_raised_at_wait_and_keeps_the_previous_file(tmp_path):

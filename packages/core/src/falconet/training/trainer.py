@@ -132,7 +132,7 @@ class Trainer:
                 if distributed.any_rank(bool(self.stop_reason), run.device):
                     self.stop_reason = self.stop_reason or "rank 0 stopped the run"
                     break
-            self.checkpoints.wait()  # on disk before anything reads them
+            self.checkpoints.release()  # on disk before anything reads them
             if self.stop_reason:
                 log.info("%s", self.stop_reason)
             self.callbacks.fire("on_train_end", self.state)
@@ -230,9 +230,10 @@ class Trainer:
         self.state.logged = logged
 
     def _check_weights_finite(self) -> None:
-        params = self.run.model.parameters()
-        flat = torch.stack([p.detach().float().abs().sum() for p in params])
-        if not torch.isfinite(flat.sum()):
+        params = [p.detach() for p in self.run.model.parameters()]
+        # each tensor's largest magnitude (NaN where it holds one) in a few foreach kernels
+        largest = [n.float() for n in torch._foreach_norm(params, math.inf)]
+        if not torch.isfinite(torch.stack(largest).sum()):
             raise TrainingDiverged(
                 f"the weights became NaN or infinite in epoch {self.progress.epoch + 1}; "
                 f"stopped without saving them. The last good checkpoint is "
