@@ -282,6 +282,8 @@ def run_falconet(args) -> dict:
         images = batch["images"].to(device).float().div_(255)
         targets = Targets.from_batch(batch).to(device)
         result["bucket"] = targets.bucket  # (M, N): what the loss's assigner works on
+        if hasattr(run.precision, "converted"):  # amp_dtype=fp8: the layers in FP8
+            result["fp8_converted"] = len(run.precision.converted)
 
         def step() -> None:
             run.step(images, targets, update=True)

@@ -91,6 +91,26 @@ def test_converted_layers_keep_the_plain_state_dict_and_train():
 
 @pytest.mark.gpu
 @needs_te_gpu
+def test_a_converted_layers_output_may_be_modified_in_place():
+    """As a family's residual ``x = linear(x); x += skip`` does on ``[B, L, C]`` tokens
+    (detr-n with every layer converted failed autograd's view check before)."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 64).to(device)
+    tokens = torch.randn(4, 96, 64, device=device)
+    context = PrecisionContext(device, {"fp8_layers": "all"}, batch=4, imgsz=32)
+    run = Fp8Precision().configure(context)
+    layer = run.te.Fp8Linear.replacing(plain)
+    with run.te.autocast(run.recipe):
+        out = layer(tokens)
+    assert out.shape == (4, 96, 64)
+    out += tokens  # in place on the layer's output
+    out.float().pow(2).mean().backward()
+    assert plain.weight.grad is not None and torch.isfinite(plain.weight.grad).all()
+
+
+@pytest.mark.gpu
+@needs_te_gpu
 def test_with_no_layer_converted_the_step_is_the_bf16_step():
     device = torch.device("cuda")
     torch.manual_seed(0)

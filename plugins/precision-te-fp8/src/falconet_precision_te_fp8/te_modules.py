@@ -55,6 +55,18 @@ class Fp8Linear(te.Linear):
             layer.bias = linear.bias
         return layer
 
+    def forward(self, inp: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """``nn.Linear``'s contract, an output a family may modify in place (a residual
+        ``+=``): Transformer Engine reshapes its 2-D product back to the input's shape inside
+        its autograd Function, and autograd forbids modifying in place a view made there
+        (detr-n with every layer converted failed so). The input goes in flat and the output
+        is shaped back here, outside the Function; a view it still returns is copied."""
+        shape = inp.shape
+        out = super().forward(inp.reshape(-1, shape[-1]), *args, **kwargs)
+        if out._is_view():
+            out = out.clone()
+        return out.view(*shape[:-1], out.shape[-1])
+
 
 def autocast(recipe, group=None):
     """Transformer Engine's FP8 region (amax reduced over ``group`` in a distributed run)."""
