@@ -79,13 +79,6 @@ def test_host_copy_snapshots_each_tensor_once_and_rebuilds_containers():
     assert torch.equal(snap["a"], torch.ones(3))
 
 
-def test_unique_tensors_lists_each_tensor_once_in_order():
-    shared, other = torch.ones(3), torch.zeros(2)
-    state = {"a": shared, "b": [shared, (other, 7)], "c": {"d": other}, "n": "x"}
-    found = checkpoint.unique_tensors(state)
-    assert len(found) == 2 and found[0] is shared and found[1] is other
-
-
 @pytest.mark.parametrize(
     "device",
     [
@@ -93,7 +86,7 @@ def test_unique_tensors_lists_each_tensor_once_in_order():
         pytest.param(
             "cuda",
             marks=pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="the device mirror needs a CUDA GPU"
+                not torch.cuda.is_available(), reason="the pinned copies need a CUDA GPU"
             ),
         ),
     ],
@@ -101,7 +94,7 @@ def test_unique_tensors_lists_each_tensor_once_in_order():
 def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch, device):
     """A slow disk: the write starts only after training has changed the weights in place.
     The file must still hold the weights as they were when the epoch ended (on a GPU, the
-    device mirror's copy, brought to the host by the writer's thread)."""
+    pinned copies queued behind the epoch's last step)."""
     go = threading.Event()
     real_save = checkpoint.save_atomic
 
@@ -112,7 +105,7 @@ def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch, 
     monkeypatch.setattr(checkpoint, "save_atomic", slow_save)
     weights = torch.ones(4, device=device)
     writer = checkpoint.CheckpointWriter()
-    for epoch in (1, 2):  # the second refreshes the mirror made by the first
+    for epoch in (1, 2):  # a second save, after the first one's write
         go.clear()
         writer.submit([({"format": FORMAT, "w": weights}, tmp_path / "last.pt")])
         weights.mul_(5)  # the next epoch's first update, before the file is written

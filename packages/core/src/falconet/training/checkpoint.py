@@ -9,16 +9,13 @@ Writing goes to a temporary file in the same folder, is flushed and fsynced, the
 the target (atomic on POSIX), and the folder is fsynced: a crash at any moment leaves either
 the old file or the new one, never a torn one.
 
-The trainer writes through a :class:`CheckpointWriter`: the state is snapshotted at the
-epoch's end (so the next epoch's updates cannot reach the file) and serialised and fsynced on
-a background thread while the next epoch trains: written in place, the two files (the
-optimizer state included, two fsyncs) held the training thread for a sizeable share of a short
-epoch, and the training thread now waits only for the snapshot (``tools/bench_checkpoint.py``
-measures both; the record is in docs/lab/2026-11-end-to-end-and-accuracy.md). On a GPU the
-snapshot is a second copy on the device (:class:`DeviceMirror`: a few kernel launches), and
-the writer's thread brings it to the host: at an epoch's end the GPU has drained its queue and
-waits on the host, so every millisecond the training thread spends there is the GPU's idle
-time, while the writer's thread works beside the next epoch's steps.
+The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
+at the epoch's end (so the next epoch's updates cannot reach the file) and serialised and
+fsynced on a background thread while the next epoch trains: written in place, the two files
+(the optimizer state included, two fsyncs) held the training thread for a sizeable share of a
+short epoch, and the training thread now waits only for the snapshot
+(``tools/bench_checkpoint.py`` measures both; the record is in
+docs/lab/2026-11-end-to-end-and-accuracy.md).
 """
 
 from __future__ import annotations
@@ -89,55 +86,6 @@ def host_copy(state: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
     return state
 
 
-MIRROR_SHARE = 0.05
-"""The most of the GPU's free memory :class:`DeviceMirror` takes (yolo-n's model, EMA and
-momentum: 61 MB); a larger state is snapshotted straight to host memory."""
-
-
-class DeviceMirror:
-    """A second, persistent copy on the GPU of a checkpoint's CUDA tensors, refreshed at each
-    snapshot by one ``torch._foreach_copy_`` (a few kernels, queued behind the epoch's last
-    step) instead of one host copy per tensor (about 1,250 for yolo-n) on the training thread.
-    Made again when the tensors' shapes, dtypes or strides change; not made (``copy`` returns
-    ``None``) when they span several devices or would take more than :data:`MIRROR_SHARE` of
-    the free memory."""
-
-    def __init__(self) -> None:
-        self._layout: list[tuple] | None = None
-        self._copies: list[torch.Tensor] = []
-
-    def copy(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-        """The mirror of ``tensors`` (CUDA tensors), refreshed on the current stream."""
-        layout = [(t.device, t.dtype, t.shape, t.stride()) for t in tensors]
-        if layout != self._layout:
-            self._layout, self._copies = None, []  # the old copies freed before sizing
-            devices = {t.device for t in tensors}
-            size = sum(t.numel() * t.element_size() for t in tensors)
-            if len(devices) != 1 or size > MIRROR_SHARE * torch.cuda.mem_get_info(*devices)[0]:
-                return None
-            self._copies = [
-                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                for t in tensors
-            ]
-            self._layout = layout
-        torch._foreach_copy_(self._copies, [t.detach() for t in tensors])
-        return self._copies
-
-
-def unique_tensors(state: Any, found: dict[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Every tensor in ``state``'s containers, each once, in the order met."""
-    found = {} if found is None else found
-    if isinstance(state, torch.Tensor):
-        found.setdefault(id(state), state)
-    elif isinstance(state, dict):
-        for value in state.values():
-            unique_tensors(value, found)
-    elif isinstance(state, (list, tuple)):
-        for value in state:
-            unique_tensors(value, found)
-    return list(found.values())
-
-
 class CheckpointWriter:
     """Writes checkpoints on one background thread, one batch of files at a time.
 
@@ -152,26 +100,18 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._mirror = DeviceMirror()
-        self._stream: torch.cuda.Stream | None = None  # the writer's, for the mirror's copies
 
     def submit(self, files: list[tuple[dict[str, Any], Path]]) -> None:
         """Write each ``(state, path)`` of ``files`` in order, in the background."""
-        self.wait()  # the writer has read the mirror before it is refreshed
-        cuda = [t for t in unique_tensors([state for state, _ in files]) if t.is_cuda]
-        mirror = self._mirror.copy(cuda) if cuda else None
-        # tensors already snapshotted: the mirror's, standing in for the live CUDA tensors
-        memo = {} if mirror is None else {id(t): m for t, m in zip(cuda, mirror, strict=True)}
+        self.wait()
+        memo: dict[int, torch.Tensor] = {}
         snapshot = [(host_copy(state, memo), Path(path)) for state, path in files]
         copied = None  # the point of the CUDA stream where the snapshot's copies are done
-        if cuda:
+        if any(t.is_pinned() for t in memo.values()):
             copied = torch.cuda.Event()
             copied.record()
-            if mirror is not None and self._stream is None:
-                self._stream = torch.cuda.Stream(cuda[0].device)
-        stream = None if mirror is None else self._stream
         self._thread = threading.Thread(
-            target=self._write, args=(snapshot, copied, stream), name="falconet-checkpoint"
+            target=self._write, args=(snapshot, copied), name="falconet-checkpoint"
         )
         self._thread.start()
 
@@ -187,11 +127,6 @@ class CheckpointWriter:
                 "free disk space or fix the run folder's permissions and resume from it"
             ) from error
 
-    def release(self) -> None:
-        """Wait for the last files, then free the device mirror (a run's end)."""
-        self.wait()
-        self._mirror = DeviceMirror()
-
     def close(self) -> None:
         """:meth:`wait`, logging a failed write instead of raising: for the way out of a run
         that is already ending with an exception of its own."""
@@ -201,19 +136,10 @@ class CheckpointWriter:
             log.error("%s", exc)
 
     def _write(
-        self,
-        files: list[tuple[dict[str, Any], Path]],
-        copied: torch.cuda.Event | None,
-        stream: torch.cuda.Stream | None,
+        self, files: list[tuple[dict[str, Any], Path]], copied: torch.cuda.Event | None
     ) -> None:
         try:
-            if stream is not None:  # the snapshot is the device mirror: to the host from here
-                stream.wait_event(copied)  # not before the mirror is refreshed
-                with torch.cuda.stream(stream):  # not behind the next epoch's steps
-                    memo: dict[int, torch.Tensor] = {}
-                    files = [(host_copy(state, memo), path) for state, path in files]
-                stream.synchronize()
-            elif copied is not None:
+            if copied is not None:
                 copied.synchronize()
             for state, path in files:
                 save_atomic(state, path)

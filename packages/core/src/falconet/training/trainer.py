@@ -132,7 +132,7 @@ class Trainer:
                 if distributed.any_rank(bool(self.stop_reason), run.device):
                     self.stop_reason = self.stop_reason or "rank 0 stopped the run"
                     break
-            self.checkpoints.release()  # on disk before anything reads them
+            self.checkpoints.wait()  # on disk before anything reads them
             if self.stop_reason:
                 log.info("%s", self.stop_reason)
             self.callbacks.fire("on_train_end", self.state)
