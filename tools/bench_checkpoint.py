@@ -38,7 +38,8 @@ from first_batch import (  # tools/ is on the path
     save_results,
 )
 
-from falconet.training.checkpoint import CheckpointWriter, host_copy, load_checkpoint, save_atomic
+from falconet.training.checkpoint import CheckpointWriter, load_checkpoint, save_atomic
+from falconet.training.host_snapshot import PinnedSnapshot
 
 
 def synced() -> float:
@@ -94,7 +95,7 @@ def measure(args, trainer, images, targets) -> dict:
         writer.wait()
     # the check: the file holds the state of the submit, not of the step right after it
     files = trainer._checkpoint_files()
-    snapshot = host_copy(files[0][0])
+    snapshot = PinnedSnapshot().take([files[0][0]])[0]
     synced()  # the snapshot's copies are asynchronous on a GPU
     before = flat(snapshot)
     writer.submit(files)

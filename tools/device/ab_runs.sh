@@ -32,7 +32,11 @@
 #   autobatch  tools/bench_autobatch.py: batch=-1 and batch=0.5, graph=auto and eager, 2
 #           epochs of COCO128 x4 each: the batch chosen, the probe's seconds, the run's peak
 #   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
-#           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default)
+#           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default),
+#           startup_repeats runs of each (1)
+#   profile falconet train ... profile=true profile_then_stop=true (falconet-profiler): 40
+#           batches of yolo-n on COCO128 with profile_keys (cache=gpu batch=16); the report in
+#           the log, profile.json as the result
 #   tests   pytest on tests_paths (the working tree's, with the side's packages): the GPU-only
 #           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
 # A job may name a set of settings, name@set:side (e.g. "step@detr:b"): each setting the job
@@ -115,7 +119,14 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
     startup)
       timeout "${startup_timeout:-300}" python bench_startup.py --data "$data/coco128.yaml" \
         --arms "${ab_startup_arms:-graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16}" \
-        --epochs 3 --batch 16 --timeout "${startup_timeout:-300}" --out "$out" ;;
+        --epochs 3 --batch 16 --repeats "${startup_repeats:-1}" \
+        --timeout "${startup_timeout:-300}" --out "$out" ;;
+    profile)
+      # shellcheck disable=SC2086  # profile_keys: several keys
+      timeout "${profile_timeout:-200}" falconet train model=yolo-n data="$data/coco128.yaml" \
+        epochs=30 imgsz=640 val=false plots=false profile=true profile_then_stop=true \
+        profile_steps=40 project=/tmp/profile-$n ${profile_keys:-cache=gpu batch=16} \
+        && cat /tmp/profile-"$n"/*/profile.json > "$out" ;;
     ddp)
       # tools/bench_ddp.py: end to end at world size 1 and ddp_gpus (when the machine has them)
       timeout "${ddp_timeout:-560}" python bench_ddp.py --data "$data" \

@@ -18,6 +18,7 @@ from falconet.training.checkpoint import (
     rng_states,
     save_atomic,
 )
+from falconet.training.host_snapshot import PinnedSnapshot
 
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -68,15 +69,47 @@ def test_rng_states_round_trip_through_a_checkpoint(tmp_path):
     assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
 
 
-def test_host_copy_snapshots_each_tensor_once_and_rebuilds_containers():
+def test_snapshot_copies_each_tensor_once_and_rebuilds_containers():
     shared = torch.ones(3)
-    state = {"a": shared, "b": [shared, (torch.zeros(2), 7)], "n": "x"}
-    snap = checkpoint.host_copy(state)
+    # two objects of one memory, as two state_dict() calls return them
+    state = {"a": shared, "b": [shared.detach(), (torch.zeros(2), 7)], "n": "x"}
+    snap = PinnedSnapshot().take([state])[0]
     assert snap["a"] is snap["b"][0]  # stored once, as torch.save would store the original
     assert snap["a"].data_ptr() != shared.data_ptr()
     assert isinstance(snap["b"][1], tuple) and snap["b"][1][1] == 7 and snap["n"] == "x"
     shared.add_(1)
     assert torch.equal(snap["a"], torch.ones(3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned snapshot copies from a GPU")
+def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sections(tmp_path):
+    conv = torch.randn(8, 4, 3, 3, device="cuda").to(memory_format=torch.channels_last)
+    ema = {"conv": conv, "tracked": torch.tensor(3, device="cuda")}
+    momentum = torch.randn(1000, 100, device="cuda")
+    last = {"format": FORMAT, "weights": ema, "ema": {"state": dict(ema)}, "optimizer": momentum}
+    best = {"format": FORMAT, "weights": {k: v.detach() for k, v in ema.items()}}
+    snapshot = PinnedSnapshot()
+    taken_last, taken_best = snapshot.take([last, best])
+    torch.cuda.synchronize()
+    assert snapshot.copies_queued
+    view = taken_last["weights"]["conv"]
+    assert view.is_pinned() and view.stride() == conv.stride()  # channels_last kept
+    assert torch.equal(view, conv.cpu()) and torch.equal(taken_last["optimizer"], momentum.cpu())
+    assert taken_best["weights"]["conv"] is view and taken_last["ema"]["state"]["conv"] is view
+    before = view.data_ptr()
+    conv.mul_(2)
+    assert torch.equal(view * 2, conv.cpu())  # the snapshot is a copy
+    again = snapshot.take([last])[0]
+    torch.cuda.synchronize()
+    assert again["weights"]["conv"].data_ptr() == before  # the same buffers, refilled
+    assert torch.equal(again["weights"]["conv"], conv.cpu())
+    for name, state in (("last", taken_last), ("best", taken_best)):
+        save_atomic(state, tmp_path / f"{name}.pt")
+    # best.pt holds its weights' buffers only, not the 400 kB of the optimizer's
+    assert (tmp_path / "best.pt").stat().st_size < 20_000
+    assert (tmp_path / "last.pt").stat().st_size > 400_000
+    loaded = load_checkpoint(tmp_path / "best.pt")["weights"]
+    assert torch.equal(loaded["conv"], conv.cpu()) and int(loaded["tracked"]) == 3
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,31 @@ def test_gpu_batches_are_the_cpu_render_of_their_plans_up_to_rounding(tmp_path, 
     assert torch.quantile(diff[::7], 0.999) <= 8
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the loader's stream is a CUDA stream")
+def test_batches_rendered_on_the_loaders_stream_are_those_rendered_in_line(tmp_path):
+    """On a GPU the loader renders one batch ahead on a stream of its own; what the training
+    stream reads must be the finished batch, the one rendered in line on the same plans, and
+    a batch's memory must not be rendered into again while the training stream, lagging
+    behind, has still to read it."""
+    samples = photos(tmp_path / "img", count=12)
+    dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(), cache="ram", seed=3)
+    store = ram_store(dataset)
+    gpu = GpuLoader(dataset, ImageStore(store.pixels.cuda(), store.shapes), 4, seed=3)
+    gpu.batch_sampler.set_epochs(0, 2)
+    in_line = [gpu.device_part(*gpu.host_part(keys))["images"] for keys in gpu.batch_sampler]
+    gpu.batch_sampler.set_epochs(0, 2)
+    ahead = []
+    for batch in gpu:
+        # 2 ms of work queued on the training stream before each read: the rendering stream
+        # runs ahead, and the later batches' images would land in this one's memory if the
+        # allocator could reuse it before the read
+        torch.cuda._sleep(2_000_000)
+        ahead.append(batch["images"].float().sum((1, 2, 3)))  # read on the training stream
+    assert len(ahead) == len(in_line) == 6
+    for got, expected in zip(ahead, in_line, strict=True):
+        assert torch.equal(got, expected.float().sum((1, 2, 3)))
+
+
 def test_the_gpu_loader_resumes_mid_epoch_and_shards_like_the_cpu_loader(tmp_path):
     samples = photos(tmp_path / "img", count=9)
     dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(), cache="ram", seed=1)

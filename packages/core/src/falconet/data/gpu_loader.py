@@ -10,7 +10,9 @@ shares of a distributed run, and mid-epoch resume), with the images already on t
   one batch ahead of the loop, into pinned memory; it touches no CUDA stream (a copy it
   enqueued could meet a graph capture on the loop's thread);
 * the loop's thread copies the plans to the device (pinned, asynchronous) and renders the
-  images there (:func:`falconet.data.gpu_augment.render`): a few dozen kernels, no host sync.
+  images there (:func:`falconet.data.gpu_augment.render`): a few kernels, no host sync, on a
+  stream of the loader's, one batch ahead of the batch it hands over, so that the rendering
+  runs beside the training step on the GPU (the step's stream waits for it by an event).
 
 The boxes stay a host computation on purpose: a batch's padded target shapes (its bucket) are
 read on the host anyway, to pick a recording, and the numbers are then the CPU path's exactly.
@@ -84,19 +86,43 @@ class GpuLoader:
         return PlanTensors.from_plan(plan, pin=pin), targets
 
     def device_part(self, plan: PlanTensors, targets: dict[str, Any]) -> dict[str, Any]:
-        """The batch with its images rendered on the device."""
+        """The batch with its images rendered on the device (on the current stream)."""
         plan = plan.to(self.device)
         return {"images": render(self.store, plan, self.dataset.imgsz), **targets}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         keys = iter(self.batch_sampler)
+        # on a GPU, each batch is rendered on a stream of its own one batch ahead, before the
+        # previous batch is handed over: its kernels run beside that batch's training step
+        # instead of in line with it
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         with ThreadPoolExecutor(1, thread_name_prefix="falconet-plans") as pool:
             ahead: Future | None = None
             first = next(keys, None)
             if first is not None:
                 ahead = pool.submit(self.host_part, first)
+            rendered: tuple[dict[str, Any], torch.cuda.Event | None] | None = None
             while ahead is not None:
                 plan, targets = ahead.result()
                 following = next(keys, None)
                 ahead = None if following is None else pool.submit(self.host_part, following)
-                yield self.device_part(plan, targets)
+                if side is None:
+                    batch, done = self.device_part(plan, targets), None
+                else:
+                    with torch.cuda.stream(side):
+                        batch, done = self.device_part(plan, targets), side.record_event()
+                if rendered is not None:
+                    yield handed_over(*rendered)
+                rendered = batch, done
+            if rendered is not None:
+                yield handed_over(*rendered)
+
+
+def handed_over(batch: dict[str, Any], rendered: torch.cuda.Event | None) -> dict[str, Any]:
+    """``batch`` for the current stream: it waits for the rendering stream's ``rendered``, and
+    the images' memory is not reused before the current stream's work on them is done."""
+    if rendered is not None:
+        stream = torch.cuda.current_stream(batch["images"].device)
+        stream.wait_event(rendered)
+        batch["images"].record_stream(stream)
+    return batch

@@ -10,7 +10,8 @@ the target (atomic on POSIX), and the folder is fsynced: a crash at any moment l
 the old file or the new one, never a torn one.
 
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
-at the epoch's end (so the next epoch's updates cannot reach the file) and serialised and
+at the epoch's end (so the next epoch's updates cannot reach the file; :mod:`host_snapshot`
+says how, in a few copies) and serialised and
 fsynced on a background thread while the next epoch trains: written in place, the two files
 (the optimizer state included, two fsyncs) held the training thread for a sizeable share of a
 short epoch, and the training thread now waits only for the snapshot
@@ -32,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from falconet.training.host_snapshot import PinnedSnapshot
 
 FORMAT = 1
 
@@ -64,33 +67,13 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def host_copy(state: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
-    """``state`` with every tensor copied to host memory and every container rebuilt: a
-    snapshot that later in-place updates of the model, EMA or optimizer cannot change. A
-    tensor met twice is copied once (so ``torch.save`` still stores it once).
-
-    A CUDA tensor is copied without waiting, into pinned memory (what ``non_blocking`` makes
-    torch allocate), behind the work already queued on its stream: the snapshot costs the
-    training thread no synchronisation, one per tensor otherwise (about 1,100 for yolo-n's
-    model, EMA and momentum). Read it only after the stream has reached the copies:
-    :class:`CheckpointWriter` records an event and waits for it on its own thread."""
-    memo = {} if memo is None else memo
-    if isinstance(state, torch.Tensor):
-        if id(state) not in memo:
-            memo[id(state)] = state.detach().to("cpu", copy=True, non_blocking=True)
-        return memo[id(state)]
-    if isinstance(state, dict):
-        return {k: host_copy(v, memo) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(host_copy(v, memo) for v in state)
-    return state
-
-
 class CheckpointWriter:
     """Writes checkpoints on one background thread, one batch of files at a time.
 
-    :meth:`submit` snapshots the states to host memory on the caller's thread (the only part
-    the training loop waits for, besides a previous write still running) and returns; the
+    :meth:`submit` snapshots the states to host memory on the caller's thread
+    (:class:`~falconet.training.host_snapshot.PinnedSnapshot`: a few copies queued on the
+    stream, no wait for them; the only part the training loop waits for, besides a previous
+    write still running) and returns; the
     files are written by :func:`save_atomic`, so a crash mid-write leaves the previous
     checkpoint. :meth:`wait` blocks until the last submitted files are on disk and raises a
     :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
@@ -100,14 +83,15 @@ class CheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._snapshot = PinnedSnapshot()
 
     def submit(self, files: list[tuple[dict[str, Any], Path]]) -> None:
         """Write each ``(state, path)`` of ``files`` in order, in the background."""
-        self.wait()
-        memo: dict[int, torch.Tensor] = {}
-        snapshot = [(host_copy(state, memo), Path(path)) for state, path in files]
+        self.wait()  # the previous files are written: the snapshot's buffers are free
+        states = self._snapshot.take([state for state, _ in files])
+        snapshot = [(state, Path(path)) for state, (_, path) in zip(states, files, strict=True)]
         copied = None  # the point of the CUDA stream where the snapshot's copies are done
-        if any(t.is_pinned() for t in memo.values()):
+        if self._snapshot.copies_queued:
             copied = torch.cuda.Event()
             copied.record()
         self._thread = threading.Thread(
