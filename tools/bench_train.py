@@ -250,6 +250,7 @@ def run_falconet(args) -> dict:
         trainer = Trainer(plan_run(keys, plugins), plugins, [callback])
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
         saves = timed_calls(trainer, "_save")
+        waits = timed_calls(trainer.checkpoints, "wait")  # inside each _save, and fit's last
         images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
@@ -259,6 +260,9 @@ def run_falconet(args) -> dict:
         # the training thread's time handing each epoch's checkpoint to the writer (the
         # states gathered, a wait for the previous write included); in the next epoch_s
         result["save_s"] = saves
+        # of which: waiting for the previous epoch's files to be written (the last entry is
+        # fit's own wait for the last files)
+        result["save_wait_s"] = waits
         result.update(callback.boundaries(clock.ends))
         result["first_batch_s"] = callback.first_batches
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock

@@ -86,7 +86,10 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     conv = torch.randn(8, 4, 3, 3, device="cuda").to(memory_format=torch.channels_last)
     ema = {"conv": conv, "tracked": torch.tensor(3, device="cuda")}
     momentum = torch.randn(1000, 100, device="cuda")
+    base = torch.randn(6, 8, device="cuda")
+    strided = base[:, ::2]  # not dense: gathered again at every snapshot
     last = {"format": FORMAT, "weights": ema, "ema": {"state": dict(ema)}, "optimizer": momentum}
+    last["model"] = {"strided": strided}
     best = {"format": FORMAT, "weights": {k: v.detach() for k, v in ema.items()}}
     snapshot = PinnedSnapshot()
     taken_last, taken_best = snapshot.take([last, best])
@@ -97,12 +100,18 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     assert torch.equal(view, conv.cpu()) and torch.equal(taken_last["optimizer"], momentum.cpu())
     assert taken_best["weights"]["conv"] is view and taken_last["ema"]["state"]["conv"] is view
     before = view.data_ptr()
+    assert torch.equal(taken_last["model"]["strided"], strided.cpu())
     conv.mul_(2)
+    base.mul_(3)
     assert torch.equal(view * 2, conv.cpu())  # the snapshot is a copy
-    again = snapshot.take([last])[0]
+    again = snapshot.take([last, best])[0]
     torch.cuda.synchronize()
     assert again["weights"]["conv"].data_ptr() == before  # the same buffers, refilled
     assert torch.equal(again["weights"]["conv"], conv.cpu())
+    assert torch.equal(again["model"]["strided"], strided.cpu())
+    alone = snapshot.take([last])[0]  # other states: laid out anew
+    torch.cuda.synchronize()
+    assert torch.equal(alone["weights"]["conv"], conv.cpu())
     for name, state in (("last", taken_last), ("best", taken_best)):
         save_atomic(state, tmp_path / f"{name}.pt")
     # best.pt holds its weights' buffers only, not the 400 kB of the optimizer's

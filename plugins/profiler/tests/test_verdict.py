@@ -150,6 +150,9 @@ def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
     assert sets(waiting) == ["cache=gpu"]  # every worker busy: the data moves to the GPU
     on_gpu = Context(graph="whole-step", workers=16, cpu_count=16, cache="gpu")
     assert decide(evidence(loader_wait_fraction=0.3), on_gpu)["levers"] == []
+    # cache=gpu has no loader workers: more of them is no lever, whatever `workers` says
+    on_gpu_default = Context(graph="whole-step", workers=8, cpu_count=16, cache="gpu")
+    assert decide(evidence(loader_wait_fraction=0.3), on_gpu_default)["levers"] == []
     missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
     assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"
 

@@ -196,7 +196,9 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
     a key already at the suggested value is left out."""
     out: list[dict[str, Any]] = []
     if name == "dataloader":
-        if c.workers < c.cpu_count:
+        # cache=gpu draws each batch's plan on one host thread and renders it on the GPU: no
+        # loader workers there to add
+        if c.workers < c.cpu_count and c.cache != "gpu":
             more = min(c.cpu_count, max(2 * c.workers, 1))
             out.append(
                 _lever(

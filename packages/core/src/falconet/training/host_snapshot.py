@@ -48,9 +48,13 @@ class PinnedSnapshot:
     """Copies the CUDA tensors of a list of states into pinned buffers (module docstring)."""
 
     def __init__(self) -> None:
-        self._signature: tuple | None = None
+        self._signature: list | None = None
         self._buffers: list[torch.Tensor] = []
-        self._views: list[torch.Tensor] = []
+        self._parts: list[list[torch.Tensor]] = []  # per buffer: the live tensors, flattened
+        self._views: list[torch.Tensor] = []  # per CUDA tensor met, in order: its snapshot
+        # tensors that are not dense, whose flattening is a copy made again at each snapshot:
+        # (buffer, part, tensor)
+        self._regather: list[tuple[int, int, torch.Tensor]] = []
 
     @property
     def copies_queued(self) -> bool:
@@ -60,51 +64,65 @@ class PinnedSnapshot:
     def take(self, states: list[Any]) -> list[Any]:
         """``states`` with every tensor replaced by a host copy (containers rebuilt). The CUDA
         tensors' copies are queued on the current stream without waiting: read them only after
-        an event recorded after this call has completed."""
-        found: dict[Key, tuple[str, torch.Tensor]] = {}
-        for state in states:
-            items = state.items() if isinstance(state, dict) else [("", state)]
-            for section, value in items:
-                for t in cuda_tensors(value):
-                    found.setdefault(tensor_key(t), (section, t))
-        groups: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
-        for section, t in found.values():
-            groups.setdefault((section, t.dtype), []).append(t)
-        signature = tuple(
-            (group, tuple((tuple(t.shape), tuple(t.stride())) for t in tensors))
-            for group, tensors in groups.items()
-        )
-        if signature != self._signature:
-            self._allocate(groups)
-            self._signature = signature
-        views = iter(self._views)
-        memo: dict[Key, torch.Tensor] = {}
-        with torch.no_grad():
-            for buffer, tensors in zip(self._buffers, groups.values(), strict=True):
-                parts = []
-                for t in tensors:
-                    order = memory_order(t)
-                    parts.append(t.reshape(-1) if order is None else t.permute(order).reshape(-1))
-                    memo[tensor_key(t)] = next(views)
-                buffer.copy_(torch.cat(parts), non_blocking=True)
-        return [rebuilt(state, memo) for state in states]
+        an event recorded after this call has completed.
 
-    def _allocate(self, groups: dict[tuple[str, torch.dtype], list[torch.Tensor]]) -> None:
-        self._buffers, self._views = [], []
+        The layout (which tensors go to which buffer, and their views) is worked out once and
+        kept while the states hold the same tensors (the same memory, shapes and strides),
+        which is every epoch of a run: then a snapshot costs one pass over the states, a few
+        gathers and one copy per buffer (about 1,250 tensors for yolo-n)."""
+        met = [(section, t) for section, t in sections(states)]
+        signature = [(s, t.data_ptr(), t.dtype, t.shape, t.stride()) for s, t in met]
+        if signature != self._signature:
+            self._lay_out(met)
+            self._signature = signature
+        with torch.no_grad():
+            for b, i, t in self._regather:
+                self._parts[b][i] = t.reshape(-1)
+            for buffer, parts in zip(self._buffers, self._parts, strict=True):
+                buffer.copy_(torch.cat(parts), non_blocking=True)
+        views, clones = iter(self._views), {}
+        return [rebuilt(state, views, clones) for state in states]
+
+    def _lay_out(self, met: list[tuple[str, torch.Tensor]]) -> None:
+        """Buffers, gathers and views for the tensors ``met`` (in order, with their
+        sections): one buffer per section and dtype; a tensor met twice gets one view."""
+        first: dict[Key, torch.Tensor] = {}
+        groups: dict[tuple[str, torch.dtype], list[torch.Tensor]] = {}
+        for section, t in met:
+            if tensor_key(t) not in first:
+                first[tensor_key(t)] = t
+                groups.setdefault((section, t.dtype), []).append(t)
+        self._buffers, self._parts, self._regather = [], [], []
+        view_of: dict[Key, torch.Tensor] = {}
         for (_, dtype), tensors in groups.items():
             buffer = torch.empty(sum(t.numel() for t in tensors), dtype=dtype, pin_memory=True)
-            offset = 0
+            parts, offset = [], 0
             for t in tensors:
                 part = buffer[offset : offset + t.numel()]
                 order = memory_order(t)
-                if order is None:
-                    view = part.view(t.shape)
-                else:  # the live tensor's strides: its memory order, permuted back
+                if order is None:  # not dense: gathered in its logical order, at each take
+                    self._regather.append((len(self._buffers), len(parts), t))
+                    parts.append(t.reshape(-1))
+                    view_of[tensor_key(t)] = part.view(t.shape)
+                else:  # in its memory order, and viewed back with the live tensor's strides
+                    parts.append(t.permute(order).reshape(-1))
                     inverse = sorted(range(t.dim()), key=order.__getitem__)
-                    view = part.view([t.shape[d] for d in order]).permute(inverse)
-                self._views.append(view)
+                    shape = [t.shape[d] for d in order]
+                    view_of[tensor_key(t)] = part.view(shape).permute(inverse)
                 offset += t.numel()
             self._buffers.append(buffer)
+            self._parts.append(parts)
+        self._views = [view_of[tensor_key(t)] for _, t in met]
+
+
+def sections(states: list[Any]):
+    """``(section, tensor)`` for every CUDA tensor of ``states``, in order; a tensor's section
+    is the top-level key of its state (``""`` for a state that is not a dict)."""
+    for state in states:
+        items = state.items() if isinstance(state, dict) else [("", state)]
+        for section, value in items:
+            for t in cuda_tensors(value):
+                yield section, t
 
 
 def cuda_tensors(state: Any):
@@ -120,16 +138,19 @@ def cuda_tensors(state: Any):
             yield from cuda_tensors(value)
 
 
-def rebuilt(state: Any, memo: dict[Key, torch.Tensor]) -> Any:
-    """``state`` with its containers rebuilt, its CUDA tensors replaced by their views in
-    ``memo`` and its host tensors cloned (once each, remembered in ``memo``)."""
+def rebuilt(state: Any, views, clones: dict[Key, torch.Tensor]) -> Any:
+    """``state`` with its containers rebuilt, each CUDA tensor replaced by the next of
+    ``views`` (the order :func:`sections` met them in) and each host tensor cloned (once,
+    remembered in ``clones``)."""
     if isinstance(state, torch.Tensor):
+        if state.is_cuda:
+            return next(views)
         key = tensor_key(state)
-        if key not in memo:
-            memo[key] = state.detach().clone()
-        return memo[key]
+        if key not in clones:
+            clones[key] = state.detach().clone()
+        return clones[key]
     if isinstance(state, dict):
-        return {k: rebuilt(v, memo) for k, v in state.items()}
+        return {k: rebuilt(v, views, clones) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(rebuilt(v, memo) for v in state)
+        return type(state)(rebuilt(v, views, clones) for v in state)
     return state
