@@ -7,7 +7,7 @@ shares of a distributed run, and mid-epoch resume), with the images already on t
 
 * a host thread draws the batch's plan (:mod:`falconet.data.plans`: the draws, the boxes
   through the warp, the lookup tables, for the whole batch in numpy) and pads the targets,
-  one batch ahead of the loop, into pinned memory; it touches no CUDA stream (a copy it
+  a few batches ahead of the loop, into pinned memory; it touches no CUDA stream (a copy it
   enqueued could meet a graph capture on the loop's thread);
 * the loop's thread copies the plans to the device (pinned, asynchronous) and renders the
   images there (:func:`falconet.data.gpu_augment.render`): a few kernels, no host sync, on a
@@ -20,8 +20,10 @@ read on the host anyway, to pick a recording, and the numbers are then the CPU p
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from typing import Any
 
 import torch
@@ -29,6 +31,8 @@ import torch
 from falconet.data.gpu_augment import ImageStore, PlanTensors, pinned, render
 from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
 from falconet.data.sampler import EpochBatchSampler, EpochSampler
+
+PLANS_AHEAD = 3  # batches whose plans the host thread has drawn or is drawing
 
 
 class GpuLoader:
@@ -97,15 +101,16 @@ class GpuLoader:
         # instead of in line with it
         side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         with ThreadPoolExecutor(1, thread_name_prefix="falconet-plans") as pool:
-            ahead: Future | None = None
-            first = next(keys, None)
-            if first is not None:
-                ahead = pool.submit(self.host_part, first)
+            # the host thread works PLANS_AHEAD batches ahead of the rendering: a plan that
+            # took longer (the GIL held by the loop or a checkpoint's writer) is absorbed
+            # instead of waited for
+            planned = deque(pool.submit(self.host_part, k) for k in islice(keys, PLANS_AHEAD))
             rendered: tuple[dict[str, Any], torch.cuda.Event | None] | None = None
-            while ahead is not None:
-                plan, targets = ahead.result()
+            while planned:
+                plan, targets = planned.popleft().result()
                 following = next(keys, None)
-                ahead = None if following is None else pool.submit(self.host_part, following)
+                if following is not None:
+                    planned.append(pool.submit(self.host_part, following))
                 if side is None:
                     batch, done = self.device_part(plan, targets), None
                 else:
