@@ -540,3 +540,35 @@ def test_a_validation_from_a_started_iterator_predicts_what_the_loader_gives(
     assert len(fresh["images"]) == 8 and fresh["counts"].min() > 0
     assert early.keys() == fresh.keys()
     assert all(np.array_equal(early[k], fresh[k]) for k in fresh)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the checkpoint's copies from a GPU")
+@pytest.mark.parametrize("graph", ["eager", "whole-step"])
+def test_gpu_checkpoints_hold_the_state_the_run_ended_with(tiny_run, graph):
+    """On a GPU the checkpoint's tensors are copied at the epoch's last batch, into pinned
+    buffers reused every epoch, and written while the next epoch trains: the files of the
+    last epoch must hold exactly the weights, EMA and momentum the run ended with."""
+    from falconet.plugins import get_plugins
+
+    plugins = get_plugins()
+    keys = {**tiny_run, "device": "cuda", "epochs": "3", "val": "false", "graph": graph}
+    keys.update(batch="4", nbs="8", optimizer="sgd", amp_dtype="fp16")
+    trainer = Trainer(plan_run(keys, plugins), plugins)
+    trainer.fit()
+    run = trainer.run
+    last = load_checkpoint(trainer.weights_dir / "last.pt")
+    best = load_checkpoint(trainer.weights_dir / "best.pt")  # no validation: every epoch
+    assert last["epoch"] == best["epoch"] == 3
+    for saved, live in (
+        (last["model"], run.model.state_dict()),
+        (last["ema"]["state"], run.ema.module.state_dict()),
+        (last["weights"], run.ema.module.state_dict()),
+        (best["weights"], run.ema.module.state_dict()),
+    ):
+        assert saved.keys() == live.keys()
+        assert all(torch.equal(saved[k], v.cpu()) for k, v in live.items())
+    momentum = [s["momentum_buffer"] for s in run.optimizer.state_dict()["state"].values()]
+    saved = [s["momentum_buffer"] for s in last["optimizer"]["state"].values()]
+    assert len(saved) == len(momentum) > 0
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(saved, momentum, strict=True))
+    assert last["ema"]["updates"] == run.ema.updates > 0

@@ -250,7 +250,8 @@ def run_falconet(args) -> dict:
         trainer = Trainer(plan_run(keys, plugins), plugins, [callback])
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
         saves = timed_calls(trainer, "_save")
-        waits = timed_calls(trainer.checkpoints, "wait")  # inside each _save, and fit's last
+        copies = timed_calls(trainer.checkpoints, "copy")  # at each epoch's last batch
+        waits = timed_calls(trainer.checkpoints, "wait")  # inside each copy, and fit's last
         images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
         trainer.fit()
@@ -258,10 +259,12 @@ def run_falconet(args) -> dict:
         result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
         result["epoch_batches_s"] = callback.loops  # epoch_s less this: the epochs' ends
         # the training thread's time handing each epoch's checkpoint to the writer (the
-        # states gathered, a wait for the previous write included); in the next epoch_s
+        # counters and states gathered, the thread started); in the next epoch_s
         result["save_s"] = saves
-        # of which: waiting for the previous epoch's files to be written (the last entry is
-        # fit's own wait for the last files)
+        # the copies of the checkpoint's tensors, queued at each epoch's last batch (in its
+        # batches' time), of which the wait for the previous epoch's files to be written (the
+        # last entry is fit's own wait for the last files)
+        result["copy_s"] = copies
         result["save_wait_s"] = waits
         result.update(callback.boundaries(clock.ends))
         result["first_batch_s"] = callback.first_batches

@@ -52,6 +52,9 @@ export MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
 # bytecode written once and reused by the call's later processes, as an installation's .pyc
 # files are (the machine's torch has none, and compiling its modules took 3-4 s a process)
 export PYTHONPYCACHEPREFIX=/tmp/pycache
+# the machine sets PYTHONDONTWRITEBYTECODE=1, which also stops the prefix's cache: every process
+# then compiled the modules it imported (about 4 s of torch's in a start-up measurement)
+unset PYTHONDONTWRITEBYTECODE
 root=$PWD
 base_path=$PATH
 data=$root/.data/coco128

@@ -82,6 +82,7 @@ class Trainer:
         self.weights_dir = self.run_dir / "weights"
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
+        self._copies: dict[str, Any] | None = None  # the epoch's tensors, copied (_copy_tensors)
         self.state = RunState(
             run_dir=self.run_dir,
             config=cfg,
@@ -194,6 +195,8 @@ class Trainer:
                 worst = torch.maximum(worst, bad_run)
             images_seen += len(images)
             state.batch_in_epoch = i + 1
+            if i + 1 == batches_per_epoch:
+                self._copy_tensors()  # before the log read's wait for the GPU
             if (i + 1) % cfg.log_interval == 0 or i + 1 == batches_per_epoch:
                 self._read_log(names, sums, good, worst, images_seen, start)
             self.callbacks.fire("on_step_end", state)
@@ -307,47 +310,73 @@ class Trainer:
         """What validation and ``best.pt`` use: the EMA's weights, else the model's."""
         return self.run.ema.module if self.run.ema is not None else self.run.model
 
-    def _weights_state(self) -> dict[str, Any]:
+    def _save(self) -> None:
+        """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. The
+        tensors were copied to host memory at the epoch's last batch (:meth:`_copy_tensors`)
+        and the files are written while the next epoch trains (:class:`CheckpointWriter`);
+        :meth:`fit` waits for them before ``on_train_end``."""
+        copies, self._copies = self._copies, None
+        if copies is None:  # not copied at the last batch (a run that stopped mid-epoch)
+            self.checkpoints.submit(self._checkpoint_files())
+        else:
+            self.checkpoints.write(self._checkpoint_files(copies))
+        self._improved = False
+
+    def _copy_tensors(self) -> None:
+        """Queue the host copies of this epoch's checkpoint tensors, at its last batch: the
+        weights and the optimizer are final once the last step is queued, and copied now the
+        copies' host work overlaps the GPU's last steps instead of leaving it idle at the
+        epoch's end (the log read after this batch waits for the GPU). Discarded if the run
+        stops before :meth:`_save`."""
+        if self.run.world.main:
+            self._copies = self.checkpoints.copy([self._checkpoint_tensors()])[0]
+
+    def _checkpoint_tensors(self) -> dict[str, Any]:
+        """The checkpoint's tensors, by section (live tensors, not copies): ``weights`` (what
+        ``best.pt`` holds: the EMA's, else the model's), ``model``, ``ema`` and ``optimizer``."""
+        run = self.run
         return {
-            "format": FORMAT,
-            "spec": self.run.spec.to_dict(),
             "weights": self._weights_module().state_dict(),
+            "model": run.model.state_dict(),
+            "ema": (
+                {"state": run.ema.module.state_dict(), "updates": run.ema.updates}
+                if run.ema is not None
+                else None
+            ),
+            "optimizer": run.optimizer.state_dict(),
+        }
+
+    def _checkpoint_files(
+        self, tensors: dict[str, Any] | None = None
+    ) -> list[tuple[dict[str, Any], Path]]:
+        """The states to save at this epoch's end and their files: ``tensors``
+        (:meth:`_checkpoint_tensors`' sections, copied or live; the live ones by default) and
+        the run's counters, metrics, scaler and random states as they are now."""
+        run = self.run
+        tensors = self._checkpoint_tensors() if tensors is None else tensors
+        weights = {
+            "format": FORMAT,
+            "spec": run.spec.to_dict(),
+            "weights": tensors["weights"],
             "config": self.cfg.model_dump(),
             "epoch": self.progress.epoch,
             "metrics": {"best": self.best, "best_epoch": self.best_epoch},
             "versions": self._versions(),
         }
-
-    def _save(self) -> None:
-        """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. Both are
-        snapshotted to host memory here and written while the next epoch trains
-        (:class:`CheckpointWriter`); :meth:`fit` waits for them before ``on_train_end``."""
-        self.checkpoints.submit(self._checkpoint_files())
-        self._improved = False
-
-    def _checkpoint_files(self) -> list[tuple[dict[str, Any], Path]]:
-        """The states to save at this epoch's end and their files (live tensors, not copies)."""
-        run = self.run
-        state = self._weights_state()
-        state.update(
-            {
-                "model": run.model.state_dict(),
-                "ema": (
-                    {"state": run.ema.module.state_dict(), "updates": run.ema.updates}
-                    if run.ema is not None
-                    else None
-                ),
-                "optimizer": run.optimizer.state_dict(),
-                "scaler": run.scaler.state_dict() if run.scaler else None,
-                "step": self.progress.updates,
-                "world_size": run.world.size,
-                "bad_validations": self.bad_validations,
-                "rng": rng_states(),
-            }
-        )
+        state = {
+            **weights,
+            "model": tensors["model"],
+            "ema": tensors["ema"],
+            "optimizer": tensors["optimizer"],
+            "scaler": run.scaler.state_dict() if run.scaler else None,  # reads the scale
+            "step": self.progress.updates,
+            "world_size": run.world.size,
+            "bad_validations": self.bad_validations,
+            "rng": rng_states(),
+        }
         files = [(state, self.weights_dir / "last.pt")]
         if self._improved or run.val_loader is None:
-            files.append((self._weights_state(), self.weights_dir / "best.pt"))
+            files.append((weights, self.weights_dir / "best.pt"))
         return files
 
     def _restore(self, state: dict[str, Any]) -> None:
