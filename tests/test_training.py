@@ -551,7 +551,7 @@ def test_gpu_checkpoints_hold_the_state_the_run_ended_with(tiny_run, graph):
     from falconet.plugins import get_plugins
 
     plugins = get_plugins()
-    keys = {**tiny_run, "device": "cuda", "epochs": "3", "val": "false", "graph": graph}
+    keys = {**tiny_run, "device": "cuda:0", "epochs": "3", "val": "false", "graph": graph}
     keys.update(batch="4", nbs="8", optimizer="sgd", amp_dtype="fp16")
     trainer = Trainer(plan_run(keys, plugins), plugins)
     trainer.fit()
