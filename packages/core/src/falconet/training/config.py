@@ -53,7 +53,9 @@ class TrainConfig(BaseModel):
         "largest batch whose step fits in that share of the GPU's free memory (-1: 0.8)",
     )
     imgsz: int = Field(640, ge=32, description="square input size in pixels, a multiple of 32")
-    device: str = Field("auto", description="auto, cpu, 0, cuda:0 (auto: the first GPU, else cpu)")
+    device: str = Field(
+        "auto", description="auto, cpu, cuda, 0, cuda:0 (auto: the first GPU, else cpu)"
+    )
     workers: int = Field(8, ge=0, description="loader worker processes (capped at the CPU count)")
     sync_bn: bool = Field(
         False,

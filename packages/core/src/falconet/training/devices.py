@@ -10,15 +10,18 @@ from falconet.training.config import ConfigError
 
 
 def resolve_device(spec: str) -> torch.device:
-    """``auto`` (first GPU, else CPU), ``cpu``, ``0`` or ``cuda:0``."""
+    """``auto`` (first GPU, else CPU), ``cpu``, ``0``, ``cuda:0`` or ``cuda`` (torch's name for
+    the current GPU, the first here)."""
     spec = spec.strip().lower()
+    if spec == "cuda":
+        spec = "cuda:0"
     if spec == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if spec == "cpu":
         return torch.device("cpu")
     index = spec.removeprefix("cuda:") if spec.startswith("cuda:") else spec
     if not index.isdigit():
-        raise ConfigError(f"device={spec!r}: expected auto, cpu, a GPU index (0) or cuda:0")
+        raise ConfigError(f"device={spec!r}: expected auto, cpu, cuda, a GPU index (0) or cuda:0")
     if not torch.cuda.is_available():
         raise ConfigError(f"device={spec}: no CUDA device is visible here; use device=cpu")
     if int(index) >= torch.cuda.device_count():
