@@ -29,3 +29,31 @@ def test_terms_over_stacked_layers_are_the_sum_of_each_layers_terms():
         expected = sum(t[key] for t in each)
         torch.testing.assert_close(stacked[key], expected, rtol=1e-12, atol=1e-12)
         assert expected > 0  # every term has something to sum here
+
+
+def test_denoising_weighs_as_one_matched_set_whatever_the_group_count(monkeypatch):
+    """Each denoising group holds every box once, so the denoising terms are divided by the
+    box count times the groups (RT-DETR's normalisation): with noise-free groups, which then
+    denoise identically, the loss does not change with the number of groups."""
+    import functools
+
+    from falconet.data.targets import Targets, box_rows
+    from falconet_detect.assigners import HUNGARIAN
+    from falconet_detr import loss as loss_module
+    from falconet_detr.family import DetrFamily
+
+    noise_free = functools.partial(loss_module.denoising_queries, label_noise=0.0, box_noise=0.0)
+    monkeypatch.setattr(loss_module, "denoising_queries", noise_free)
+    torch.manual_seed(0)
+    net = DetrFamily().build_model("detr-n", 3)  # no dropout: every group sees the same net
+    boxes = torch.zeros(2, 8, 4)
+    boxes[0, :2] = torch.tensor([[4.0, 4.0, 30.0, 30.0], [20.0, 30.0, 60.0, 62.0]])
+    labels = torch.zeros(2, 8, dtype=torch.int64)
+    labels[0, 1] = 2
+    counts = torch.tensor([2, 0])  # the second image without boxes
+    targets = Targets(boxes, labels, counts, *box_rows(counts))
+    images = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        outputs = net(images)
+        totals = [DetrLoss(net, HUNGARIAN, groups=g)(outputs, targets)[0] for g in (1, 3)]
+    torch.testing.assert_close(totals[0], totals[1], rtol=1e-4, atol=1e-5)

@@ -10,8 +10,9 @@ assigner's GPU solver runs, else with the last layer's cost matrices and the cou
 the host once. The denoising queries need no matching (each knows its target).
 
 Every term is a sum over queries divided by the global batch's box count (summed over the
-ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does); it runs in
-float32 outside autocast whatever precision the network ran in.
+ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does), the
+denoising terms by that count times the denoising groups (each group holds every box once);
+it runs in float32 outside autocast whatever precision the network ran in.
 """
 
 from __future__ import annotations
@@ -96,7 +97,14 @@ class DetrLoss:
                 dn.real,
             ),
         )
-        parts = {k: sum(t[k] for t in terms) / norm for k in WEIGHTS}
+        matched, proposals, denoising = terms
+        # the denoising queries hold every box once per group: their sums are divided by the
+        # box count times the groups (RT-DETR's and DN-DETR's normalisation), so they weigh as
+        # one matched set; divided by the box count alone they weighed `groups` times that and
+        # were most of the loss and of its gradient at the start (5x the matched terms' share)
+        parts = {
+            k: (matched[k] + proposals[k] + denoising[k] / self.groups) / norm for k in WEIGHTS
+        }
         total = sum(self.weights[k] * v for k, v in parts.items())
         return total, {k: v.detach() for k, v in parts.items()}
 
