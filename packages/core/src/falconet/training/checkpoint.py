@@ -10,9 +10,9 @@ the target (atomic on POSIX), and the folder is fsynced: a crash at any moment l
 the old file or the new one, never a torn one.
 
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
-at the epoch's end (so the next epoch's updates cannot reach the file; :mod:`host_snapshot`
-says how, in a few copies) and serialised and
-fsynced on a background thread while the next epoch trains: written in place, the two files
+at the epoch's last batch (so the next epoch's updates cannot reach the file;
+:mod:`~falconet.training.host_snapshot` says how, in a few copies) and serialised and fsynced
+on a background thread while the next epoch trains: written in place, the two files
 (the optimizer state included, two fsyncs) held the training thread for a sizeable share of a
 short epoch, and the training thread now waits only for the snapshot
 (``tools/bench_checkpoint.py`` measures both; the record is in
@@ -70,14 +70,15 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
 class CheckpointWriter:
     """Writes checkpoints on one background thread, one batch of files at a time.
 
-    :meth:`submit` snapshots the states to host memory on the caller's thread
-    (:class:`~falconet.training.host_snapshot.PinnedSnapshot`: a few copies queued on the
-    stream, no wait for them; the only part the training loop waits for, besides a previous
-    write still running) and returns; the
-    files are written by :func:`save_atomic`, so a crash mid-write leaves the previous
+    :meth:`submit` (:meth:`copy` then :meth:`write`) snapshots the states to host memory on
+    the caller's thread (:class:`~falconet.training.host_snapshot.PinnedSnapshot`: a few
+    copies queued on the stream, no wait for them; the only part the training loop waits for,
+    besides a previous write still running) and returns; the files are written by
+    :func:`save_atomic`, so a crash mid-write leaves the previous
     checkpoint. :meth:`wait` blocks until the last submitted files are on disk and raises a
     :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
-    failed write stops the run at the next epoch's end instead of passing unnoticed.
+    failed write stops the run at the next copy (the trainer's: the next epoch's last batch)
+    instead of passing unnoticed.
     """
 
     def __init__(self) -> None:
