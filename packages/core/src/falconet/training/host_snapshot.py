@@ -2,16 +2,16 @@
 
 A checkpoint's state (model, EMA, optimizer: about 1,250 tensors for yolo-n) must be copied to
 host memory before the next epoch changes it. Copied tensor by tensor, that is one
-``cudaMemcpyAsync`` and one pinned allocation per tensor on the training thread (13-16 ms at
-every epoch's end on the H200, docs/data.md), and torch then stores each tensor's storage as its
-own record. Here the tensors of one section of the state (the top-level key they are first met
-under: ``weights``, ``model``, ``optimizer``, ...) and one dtype are gathered on the device by
-``torch.cat`` (a few batched kernels) and brought to the host by one copy into a pinned buffer
-allocated on the first snapshot and reused while the state keeps its layout. The snapshot's
-tensors are views of those buffers, with the live tensors' strides (a channels_last weight
-stays channels_last), so ``torch.save`` writes one record per buffer and a file holds only the
-sections it names: ``best.pt`` (its ``weights``) holds the ``weights`` buffers, not the
-optimizer's.
+``cudaMemcpyAsync`` and one pinned allocation per tensor on the training thread (what it cost
+against this module is measured in docs/training.md, checkpoints), and torch then stores each
+tensor's storage as its own record. Here the tensors of one section of the state (the top-level
+key they are first met under: ``weights``, ``model``, ``optimizer``, ...) and one dtype are
+gathered on the device by ``torch.cat`` (a few batched kernels) and brought to the host by one
+copy into a pinned buffer allocated on the first snapshot and reused while the state keeps its
+layout. The snapshot's tensors are views of those buffers, with the live tensors' strides (a
+channels_last weight stays channels_last), so ``torch.save`` writes one record per buffer and a
+file holds only the sections it names: ``best.pt`` (its ``weights``) holds the ``weights``
+buffers, not the optimizer's.
 
 A tensor met twice (the EMA's weights are both ``last.pt``'s ``weights`` and its ``ema``
 state, and ``best.pt``'s ``weights``: each ``state_dict()`` call makes new tensor objects of the
@@ -70,7 +70,7 @@ class PinnedSnapshot:
         kept while the states hold the same tensors (the same memory, shapes and strides),
         which is every epoch of a run: then a snapshot costs one pass over the states, a few
         gathers and one copy per buffer (about 1,250 tensors for yolo-n)."""
-        met = [(section, t) for section, t in sections(states)]
+        met = list(sections(states))
         signature = [(s, t.data_ptr(), t.dtype, t.shape, t.stride()) for s, t in met]
         if signature != self._signature:
             self._lay_out(met)

@@ -315,11 +315,8 @@ class Trainer:
         tensors were copied to host memory at the epoch's last batch (:meth:`_copy_tensors`)
         and the files are written while the next epoch trains (:class:`CheckpointWriter`);
         :meth:`fit` waits for them before ``on_train_end``."""
-        copies, self._copies = self._copies, None
-        if copies is None:  # not copied at the last batch (a run that stopped mid-epoch)
-            self.checkpoints.submit(self._checkpoint_files())
-        else:
-            self.checkpoints.write(self._checkpoint_files(copies))
+        copies, self._copies = self._copies, None  # every saved epoch reached its last batch
+        self.checkpoints.write(self._checkpoint_files(copies))
         self._improved = False
 
     def _copy_tensors(self) -> None:
@@ -327,7 +324,7 @@ class Trainer:
         weights and the optimizer are final once the last step is queued, and copied now the
         copies' host work overlaps the GPU's last steps instead of leaving it idle at the
         epoch's end (the log read after this batch waits for the GPU). Discarded if the run
-        stops before :meth:`_save`."""
+        stops before :meth:`_save` (non-finite weights, an exception)."""
         if self.run.world.main:
             self._copies = self.checkpoints.copy([self._checkpoint_tensors()])[0]
 
