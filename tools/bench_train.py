@@ -102,6 +102,10 @@ class EpochClock:
         """Leave out the first end (a run's start, before its warm-up epoch)."""
         self.ends, self.cpu, self.threads = self.ends[1:], self.cpu[1:], self.threads[1:]
 
+    def drop_last(self) -> None:
+        """Leave out the last end (an epoch a tracer slowed)."""
+        self.ends, self.cpu, self.threads = self.ends[:-1], self.cpu[:-1], self.threads[:-1]
+
     def cores(self) -> float:
         """CPU cores busy over epochs 2..N: the training process's threads and its workers."""
         return (self.cpu[-1] - self.cpu[0]) / (self.ends[-1] - self.ends[0])
@@ -173,6 +177,7 @@ def gpu_profile(step, steps: int = 20) -> dict:
         wall_us = (time.perf_counter() - start) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_us = 1000 * union_ms((e.time_range.start, e.time_range.end) for e in kernels)
+    top = kernel_table(kernels, steps)
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -184,7 +189,73 @@ def gpu_profile(step, steps: int = 20) -> dict:
         "gpu_busy": round(busy_us / wall_us, 3),
         "kernels_per_step": round(len(kernels) / steps),
         "syncs_per_step": syncs,
+        "kernel_ms_per_step": top["ms"],
+        "top_kernels": top["top"],
     }
+
+
+def kernel_table(kernels, per: int, top: int = 20) -> dict:
+    """Kernel time per step (``per`` steps traced) of profiler CUDA events: the sum of their
+    times and the ``top`` names by time, each ``[name, count, ms]`` per step, so a step and
+    a training loop's batch can be compared kernel by kernel."""
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        entry = by_name.setdefault(e.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
+    return {
+        "ms": round(sum(t for _, t in by_name.values()) / per / 1000, 3),
+        "top": [
+            [name[:90], round(n / per, 2), round(t / per / 1000, 4)] for name, (n, t) in ranked
+        ],
+    }
+
+
+class EpochTrace:
+    """A torch.profiler trace of a run's last epoch (``--trace-last-epoch``): where a training
+    loop's batch spends GPU time beside the isolated step's (:func:`gpu_profile`). The traced
+    epoch is left out of the run's img/s (the tracer's own host cost slows it)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs, self.seen, self.profiler, self.start = epochs, 0, None, 0.0
+        self.result: dict = {}
+
+    def on_epoch_start(self, trainer) -> None:
+        self.seen += 1
+        if self.seen == self.epochs:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            torch.cuda.synchronize()
+            self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.profiler.__enter__()
+            self.start = time.perf_counter()
+
+    def on_epoch_end(self, trainer, row) -> None:
+        if self.profiler is None:
+            return
+        import torch
+
+        from falconet_profiler.trace import union_ms
+
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - self.start) * 1000
+        self.profiler.__exit__(None, None, None)
+        events = self.profiler.events()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        batches = trainer.batch_in_epoch
+        busy = union_ms((e.time_range.start, e.time_range.end) for e in kernels)
+        table = kernel_table(kernels, batches)
+        self.result = {
+            "batches": batches,
+            "wall_ms_per_batch": round(wall_ms / batches, 3),
+            "busy_ms_per_batch": round(busy / batches, 3),
+            "kernels_per_batch": round(len(kernels) / batches),
+            "kernel_ms_per_batch": table["ms"],
+            "top_kernels": table["top"],
+        }
+        self.profiler = None
 
 
 # ---------------------------------------------------------------------------- the arms
@@ -247,7 +318,10 @@ def run_falconet(args) -> dict:
     if args.measure == "e2e":
         clock = EpochClock()
         callback = SimpleCallback(clock)
-        trainer = Trainer(plan_run(keys, plugins), plugins, [callback])
+        callbacks = [callback]
+        if args.trace_last_epoch and torch.cuda.is_available():
+            callbacks.append(EpochTrace(args.epochs))
+        trainer = Trainer(plan_run(keys, plugins), plugins, callbacks)
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
         saves = timed_calls(trainer, "_save")
         copies = timed_calls(trainer.checkpoints, "copy")  # at each epoch's last batch
@@ -271,6 +345,9 @@ def run_falconet(args) -> dict:
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.drop_first()
+        if len(callbacks) > 1:  # the traced epoch is left out of img/s and the cores
+            result["trace_last_epoch"] = callbacks[1].result
+            clock.drop_last()
         result["img_s"] = clock.throughput(images)
         result["cpu_cores"] = round(clock.cores(), 2)
         result["cpu_cores_by_thread"] = clock.cores_by_thread()
@@ -788,6 +865,7 @@ def spawn(
         "--overfit-epochs",
         str(args.overfit_epochs),
         "--gpu-profile" if args.gpu_profile else "--no-gpu-profile",
+        "--trace-last-epoch" if args.trace_last_epoch else "--no-trace-last-epoch",
     ]
     env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
@@ -962,6 +1040,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="isolated step: GPU busy, kernels and syncs per step (20-40 s an arm on a DETR)",
+    )
+    parser.add_argument(
+        "--trace-last-epoch",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="falconet e2e: trace the last epoch's kernels (left out of img/s)",
     )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)

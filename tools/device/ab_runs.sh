@@ -17,7 +17,8 @@
 #           --fused-keys bn_silu=triton"); its rc is 1 when the check's verdict is FAIL (a
 #           check_graphs.py that counts updates), and its verdict lines close the output
 #   e2e     tools/bench_train.py --measures e2e, COCO128 x4, epochs 2-N of e2e_epochs (4),
-#           e2e_batches (16), ab_e2e_arms (fp16 whole-step by default)
+#           e2e_batches (16), ab_e2e_arms (fp16 whole-step by default); e2e_args adds arguments
+#           (e.g. --trace-last-epoch: the kernels of the last epoch against the step's)
 #   overfit tools/bench_train.py --measures overfit (COCO128, train = val, overfit_epochs 30),
 #           overfit_arms (e.g. seeds: "$ws:seed=0,$ws:seed=1"); overfit_gpus (0) runs arms
 #           side by side, e.g. "0,0,0" three at a time on the one GPU (nothing is timed)
@@ -112,9 +113,10 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
         --amp "${ab_check_amp:-$amp}" --fuse "" --strict --steps 24 ${ab_check_args:-} \
         --out "$out" ;;
     e2e)
+      # shellcheck disable=SC2086  # e2e_args: several arguments
       timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 \
         --batch "${e2e_batches:-16}" --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 \
-        --epochs "${e2e_epochs:-4}" --repeat-data 4 \
+        --epochs "${e2e_epochs:-4}" --repeat-data 4 ${e2e_args:-} \
         --measures e2e --gpus 0 --timeout "${e2e_timeout:-200}" --out "$out" ;;
     checkpoint)
       timeout "${checkpoint_timeout:-120}" python bench_checkpoint.py \
