@@ -212,17 +212,72 @@ def kernel_table(kernels, per: int, top: int = 20) -> dict:
     }
 
 
+class StackSampler:
+    """Where one thread's time goes, by sampling its stack every ``interval`` seconds from a
+    thread of its own (``sys._current_frames``): the innermost frames of falconet's and
+    torch's Python code, waits included (a blocking call is a frame that stays on top), which
+    a tracer of torch operations does not see. While it samples, the interpreter's switch
+    interval is ``interval`` too (5 ms by default): a thread running Python would otherwise
+    hand the GIL to the sampler only every 5 ms, and samples would fall mostly in waits."""
+
+    def __init__(self, thread_id: int, interval: float = 0.0005, depth: int = 6) -> None:
+        self.thread_id, self.interval, self.depth = thread_id, interval, depth
+        self.phase = "all"  # set by the owner: samples are counted by phase
+        self.counts: dict[str, dict[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(self.interval)
+        self._thread.start()
+
+    def stop(self, top: int = 25) -> dict:
+        self._stop.set()
+        self._thread.join()
+        sys.setswitchinterval(self._switch)
+        result = {}
+        for phase, counts in self.counts.items():
+            samples = sum(counts.values())
+            ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
+            result[phase] = {
+                "samples": samples,
+                "top_stacks": [[stack, round(n / samples, 4)] for stack, n in ranked],
+            }
+        return result
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is None:
+                continue
+            names = []
+            while frame is not None and len(names) < self.depth:
+                code = frame.f_code
+                names.append(f"{Path(code.co_filename).name}:{frame.f_lineno}:{code.co_name}")
+                frame = frame.f_back
+            counts = self.counts.setdefault(self.phase, {})
+            key = " < ".join(names)
+            counts[key] = counts.get(key, 0) + 1
+
+
 class EpochTrace:
-    """A torch.profiler trace of a run's last epoch (``--trace-last-epoch``): where a training
-    loop's batch spends GPU time beside the isolated step's (:func:`gpu_profile`). The traced
-    epoch is left out of the run's img/s (the tracer's own host cost slows it)."""
+    """Where a run's late epochs go (``--trace-last-epoch``): the main thread's stacks
+    sampled over the second-last epoch (:class:`StackSampler`) and a torch.profiler trace of
+    the last (the kernels per batch, beside the isolated step's, :func:`gpu_profile`). Both
+    epochs are left out of the run's img/s (the sampler's and the tracer's host cost)."""
 
     def __init__(self, epochs: int) -> None:
         self.epochs, self.seen, self.profiler, self.start = epochs, 0, None, 0.0
+        self.sampler: StackSampler | None = None
         self.result: dict = {}
 
     def on_epoch_start(self, trainer) -> None:
         self.seen += 1
+        if self.seen == self.epochs - 1:
+            self.sampler = StackSampler(threading.get_ident())
+            self.sampler.phase = "first batch"  # from the epoch's start to its end
+            self.sampler.start()
         if self.seen == self.epochs:
             import torch
             from torch.profiler import ProfilerActivity, profile
@@ -232,7 +287,14 @@ class EpochTrace:
             self.profiler.__enter__()
             self.start = time.perf_counter()
 
+    def on_step_end(self, trainer) -> None:
+        if self.sampler is not None:
+            self.sampler.phase = "later batches"
+
     def on_epoch_end(self, trainer, row) -> None:
+        if self.sampler is not None:
+            self.result["sampled_epoch"] = self.sampler.stop()
+            self.sampler = None
         if self.profiler is None:
             return
         import torch
@@ -247,7 +309,7 @@ class EpochTrace:
         batches = trainer.batch_in_epoch
         busy = union_ms((e.time_range.start, e.time_range.end) for e in kernels)
         table = kernel_table(kernels, batches)
-        self.result = {
+        self.result |= {
             "batches": batches,
             "wall_ms_per_batch": round(wall_ms / batches, 3),
             "busy_ms_per_batch": round(busy / batches, 3),
@@ -345,8 +407,9 @@ def run_falconet(args) -> dict:
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.drop_first()
-        if len(callbacks) > 1:  # the traced epoch is left out of img/s and the cores
+        if len(callbacks) > 1:  # the sampled and traced epochs are left out of img/s
             result["trace_last_epoch"] = callbacks[1].result
+            clock.drop_last()
             clock.drop_last()
         result["img_s"] = clock.throughput(images)
         result["cpu_cores"] = round(clock.cores(), 2)
@@ -1045,7 +1108,8 @@ def main() -> None:
         "--trace-last-epoch",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="falconet e2e: trace the last epoch's kernels (left out of img/s)",
+        help="falconet e2e: sample the main thread's stacks over the second-last epoch and "
+        "trace the last one's kernels (both left out of img/s)",
     )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
