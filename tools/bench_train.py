@@ -81,12 +81,18 @@ def repeated_dataset(source: Path, times: int, folder: Path) -> Path:
 
 # ------------------------------------------------------------------------ measurements
 class EpochClock:
-    """Wall-clock time of every epoch end (the same callback idea in every framework)."""
+    """Wall-clock time of every epoch end (the same callback idea in every framework), the
+    run's start counted as end 0. The CPU time of the process, its threads and its loader
+    workers is read only at the ends in ``reads_at`` (every end when ``None``): reading /proc
+    for some 40 threads costs 2-3 ms, which at every end would be the benchmark's own time in
+    the next epoch."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads_at: set[int] | None = None) -> None:
         self.ends: list[float] = []
-        self.cpu: list[float] = []  # CPU seconds of the process and its loader workers
-        self.threads: list[dict[str, float]] = []  # the process's, by thread name
+        self.reads_at = reads_at
+        self.cpu: dict[int, float] = {}  # CPU seconds of the process and its loader workers
+        self.threads: dict[int, dict[str, float]] = {}  # the process's, by thread name
+        self.first, self.dropped = 0, 0  # the span measured: ends[first] to ends[-1 - dropped]
 
     def tick(self, *_args, **_kwargs) -> None:
         import torch
@@ -95,32 +101,39 @@ class EpochClock:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
-        self.cpu.append(tree_cpu_seconds())
-        self.threads.append(thread_seconds())
+        index = len(self.ends) - 1
+        if self.reads_at is None or index in self.reads_at:
+            self.cpu[index] = tree_cpu_seconds()
+            self.threads[index] = thread_seconds()
 
     def drop_first(self) -> None:
         """Leave out the first end (a run's start, before its warm-up epoch)."""
-        self.ends, self.cpu, self.threads = self.ends[1:], self.cpu[1:], self.threads[1:]
+        self.first += 1
 
     def drop_last(self) -> None:
         """Leave out the last end (an epoch a tracer slowed)."""
-        self.ends, self.cpu, self.threads = self.ends[:-1], self.cpu[:-1], self.threads[:-1]
+        self.dropped += 1
+
+    def _span(self) -> tuple[int, int]:
+        return self.first, len(self.ends) - 1 - self.dropped
 
     def cores(self) -> float:
-        """CPU cores busy over epochs 2..N: the training process's threads and its workers."""
-        return (self.cpu[-1] - self.cpu[0]) / (self.ends[-1] - self.ends[0])
+        """CPU cores busy over the span: the training process's threads and its workers."""
+        a, b = self._span()
+        return (self.cpu[b] - self.cpu[a]) / (self.ends[b] - self.ends[a])
 
     def cores_by_thread(self) -> dict[str, float]:
         """The process's share of :meth:`cores`, by thread name (more than 0.05 each)."""
-        span = self.ends[-1] - self.ends[0]
-        first, last = self.threads[0], self.threads[-1]
+        a, b = self._span()
+        span = self.ends[b] - self.ends[a]
+        first, last = self.threads[a], self.threads[b]
         busy = {k: round((v - first.get(k, 0.0)) / span, 2) for k, v in last.items()}
         return {k: v for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v > 0.05}
 
     def throughput(self, images_per_epoch: int) -> float:
-        """images/s over epochs 2..N (the first epoch, with its warm-up, is left out)."""
-        span = self.ends[-1] - self.ends[0]
-        return images_per_epoch * (len(self.ends) - 1) / span
+        """images/s over the span (epochs 2..N: the first, with its warm-up, is left out)."""
+        a, b = self._span()
+        return images_per_epoch * (b - a) / (self.ends[b] - self.ends[a])
 
 
 def tree_cpu_seconds() -> float:
@@ -208,6 +221,29 @@ def kernel_table(kernels, per: int, top: int = 20) -> dict:
         "ms": round(sum(t for _, t in by_name.values()) / per / 1000, 3),
         "top": [
             [name[:90], round(n / per, 2), round(t / per / 1000, 4)] for name, (n, t) in ranked
+        ],
+    }
+
+
+def idle_gaps(intervals: list[tuple[float, float]], large_us: float = 100.0) -> dict:
+    """Where a traced span's GPU sat idle, from its kernels' ``(start, end)`` microseconds:
+    the gaps of ``large_us`` or more (each ``[ms after the first kernel, ms long]``, the
+    longest 16, in time order) and the total of the smaller ones (the launch gaps inside
+    a replayed graph, which an isolated step has too)."""
+    gaps, reach, first = [], None, None
+    for start, end in sorted(intervals):
+        if reach is not None and start > reach:
+            gaps.append((reach, start - reach))
+        first = start if first is None else first
+        reach = end if reach is None else max(reach, end)
+    large = [g for g in gaps if g[1] >= large_us]
+    longest = sorted(sorted(large, key=lambda g: -g[1])[:16])
+    return {
+        "large_ms": round(sum(g[1] for g in large) / 1000, 3),
+        "large_count": len(large),
+        "small_ms": round(sum(g[1] for g in gaps if g[1] < large_us) / 1000, 3),
+        "longest": [
+            [round((at - first) / 1000, 2), round(length / 1000, 3)] for at, length in longest
         ],
     }
 
@@ -309,6 +345,7 @@ class EpochTrace:
         batches = trainer.batch_in_epoch
         busy = union_ms((e.time_range.start, e.time_range.end) for e in kernels)
         table = kernel_table(kernels, batches)
+        self.result["idle"] = idle_gaps([(e.time_range.start, e.time_range.end) for e in kernels])
         self.result |= {
             "batches": batches,
             "wall_ms_per_batch": round(wall_ms / batches, 3),
@@ -378,10 +415,13 @@ def run_falconet(args) -> dict:
             "graph": summary["graph"],
         }
     if args.measure == "e2e":
-        clock = EpochClock()
+        traced = args.trace_last_epoch and torch.cuda.is_available()
+        # CPU read at the span's two ends: epoch 1's end, and the last end (the traced epochs
+        # left out)
+        clock = EpochClock({1, args.epochs - 2 if traced else args.epochs})
         callback = SimpleCallback(clock)
         callbacks = [callback]
-        if args.trace_last_epoch and torch.cuda.is_available():
+        if traced:
             callbacks.append(EpochTrace(args.epochs))
         trainer = Trainer(plan_run(keys, plugins), plugins, callbacks)
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
@@ -556,7 +596,7 @@ def run_ultralytics(args) -> dict:
             "evaluator": "ultralytics",
         }
     if args.measure == "e2e":
-        clock = EpochClock()
+        clock = EpochClock({1, args.epochs})  # the span's ends: epochs 2..N
         trainer = DetectionTrainer(overrides=overrides)
         trainer.add_callback("on_train_start", lambda t: clock.tick())
         trainer.add_callback("on_train_epoch_end", lambda t: clock.tick())
@@ -587,7 +627,7 @@ def run_ultralytics(args) -> dict:
 def run_libreyolo(args) -> dict:
     from libreyolo import LibreYOLO9
 
-    clock = EpochClock()
+    clock = EpochClock({1, args.epochs})  # the span's ends: epochs 2..N
 
     class Clock:
         def on_train_start(self, event) -> None:
@@ -765,7 +805,7 @@ def _rfdetr_measure(args, folder: Path) -> dict:
             "evaluator": "rfdetr (faster-coco-eval, EMA weights)",
         }
     if measure == "e2e":
-        clock = EpochClock()
+        clock = EpochClock({1, args.epochs})  # the span's ends: epochs 2..N
 
         class Clock(Callback):
             def on_train_start(self, trainer, pl_module) -> None:
