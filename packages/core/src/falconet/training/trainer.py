@@ -5,9 +5,11 @@ fetches each batch and moves it to the device (the ``data`` and ``to-device`` ph
 the run's step (:class:`falconet.training.step.TrainStep`, built by the graph backend) with
 ``update`` on every ``accumulate``-th batch and on an epoch's last, and keeps the epoch's
 bookkeeping on the device: losses and the non-finite counter are summed there and read every
-``log_interval`` batches and at the end of an epoch, so nothing in a step reads a device value
-back to the host. An epoch ends with an optimizer step, so an epoch boundary holds no pending
-gradient: checkpoints are written there and ``resume`` continues from the last one exactly.
+``log_interval`` batches (one interval late, without waiting for the GPU:
+:class:`~falconet.training.log_reads.LaggedReads`) and at the end of an epoch, so nothing in a
+step reads a device value back to the host. An epoch ends with an optimizer step, so an epoch
+boundary holds no pending gradient: checkpoints are written there and ``resume`` continues from
+the last one exactly.
 
 Callbacks see the run through :class:`falconet.training.run_state.RunState`, never the
 trainer.
@@ -41,6 +43,7 @@ from falconet.training.checkpoint import (
     rng_states,
 )
 from falconet.training.config import ConfigError, format_value
+from falconet.training.log_reads import LaggedReads
 from falconet.training.planning import Plan
 from falconet.training.run_dir import new_run_dir
 from falconet.training.run_state import Installed, RunState
@@ -83,6 +86,7 @@ class Trainer:
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
         self._copies: dict[str, Any] | None = None  # the epoch's tensors, copied (_copy_tensors)
+        self._log_reads = LaggedReads()
         self.state = RunState(
             run_dir=self.run_dir,
             config=cfg,
@@ -172,6 +176,7 @@ class Trainer:
         sums = good = bad_run = worst = None
         names: list[str] = []
         start, images_seen = time.perf_counter(), 0
+        self._log_reads.reset()
         batches = self._batches  # fit()'s iterator: the next batch is this epoch's first
         for i in range(batches_per_epoch):
             with phases("data"):
@@ -195,10 +200,11 @@ class Trainer:
                 worst = torch.maximum(worst, bad_run)
             images_seen += len(images)
             state.batch_in_epoch = i + 1
-            if i + 1 == batches_per_epoch:
+            last = i + 1 == batches_per_epoch
+            if last:
                 self._copy_tensors()  # before the log read's wait for the GPU
-            if (i + 1) % cfg.log_interval == 0 or i + 1 == batches_per_epoch:
-                self._read_log(names, sums, good, worst, images_seen, start)
+            if (i + 1) % cfg.log_interval == 0 or last:
+                self._read_log(names, sums, good, worst, images_seen, start, now=last)
             self.callbacks.fire("on_step_end", state)
             # in a distributed run a stop takes effect at the epoch's end, where every rank
             # learns of it (any_rank in fit): one rank leaving mid-epoch would strand the rest
@@ -214,9 +220,15 @@ class Trainer:
         row["img/s"] = round(images_seen / seconds, 1)
         return row
 
-    def _read_log(self, names, sums, good, worst, images_seen, start) -> None:
-        """The one host read of a log interval: mean losses so far and the non-finite count."""
-        host = torch.cat([sums, good[None].to(sums.dtype), worst[None].to(sums.dtype)]).tolist()
+    def _read_log(self, names, sums, good, worst, images_seen, start, *, now: bool) -> None:
+        """The host read of a log interval: mean losses so far and the non-finite count; mid
+        epoch (not ``now``) those of the previous interval, read without waiting for the GPU
+        (:class:`~falconet.training.log_reads.LaggedReads`), so the losses shown and the
+        ``nan_patience`` check lag by one ``log_interval``; the epoch's last read is exact."""
+        values = torch.cat([sums, good[None].to(sums.dtype), worst[None].to(sums.dtype)])
+        host = self._log_reads.read(values, now=now)
+        if host is None:  # the epoch's first interval: nothing read yet
+            return
         count, worst_run = host[-2], int(host[-1])
         if worst_run >= self.cfg.nan_patience:
             raise TrainingDiverged(
