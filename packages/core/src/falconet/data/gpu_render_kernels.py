@@ -19,21 +19,43 @@ def _level(x):
 
 
 @triton.jit
-def _tap(pixels, tiles, b, px, py, inside, slot, grey):
-    """The canvas pixel ``(px, py)``: the tile holding it, grey outside every tile (an
-    absent tile, image ``-1``, has the empty rectangle ``[0, 0) x [0, 0)``). The tile is
-    found first, then its three bytes read once."""
-    found = tl.zeros(px.shape, tl.int1)
-    at = px * 0
+def _neighbours(tiles, b, x0, y0, inside, slot):
+    """Where the four bilinear neighbours ``(x0 + i, y0 + j)`` of each canvas point are in
+    the store (byte offsets, ``i`` and ``j`` in 0 and 1), and whether a tile holds them (grey
+    outside every tile; an absent tile, image ``-1``, has the empty rectangle ``[0, 0) x [0,
+    0)``). Each tile's rectangle is read once, each coordinate compared once per tile, and
+    the four offsets share one computation: the same arithmetic as one tap at a time did,
+    with a quarter of its comparisons and multiplications."""
+    empty = (x0 * 0).to(tl.int64)
+    off00, off01, off10, off11 = empty, empty, empty, empty
+    in00 = empty < 0
+    in01, in10, in11 = in00, in00, in00
     for t in tl.static_range(4):
         tile = tiles + (b * 4 + t) * 7
-        image = tl.load(tile)
-        x1a, y1a = tl.load(tile + 1), tl.load(tile + 2)
-        x2a, y2a = tl.load(tile + 3), tl.load(tile + 4)
-        x1b, y1b = tl.load(tile + 5), tl.load(tile + 6)
-        hit = inside & (px >= x1a) & (px < x2a) & (py >= y1a) & (py < y2a)
-        at = tl.where(hit, ((image * slot + py - y1a + y1b) * slot + px - x1a + x1b) * 3, at)
-        found = found | hit
+        image = tl.load(tile)  # int64, as the plan's tiles; the coordinates fit in int32
+        x1a, y1a = tl.load(tile + 1).to(tl.int32), tl.load(tile + 2).to(tl.int32)
+        x2a, y2a = tl.load(tile + 3).to(tl.int32), tl.load(tile + 4).to(tl.int32)
+        x1b, y1b = tl.load(tile + 5).to(tl.int32), tl.load(tile + 6).to(tl.int32)
+        col0 = (x0 >= x1a) & (x0 < x2a)
+        col1 = (x0 + 1 >= x1a) & (x0 + 1 < x2a)
+        row0 = inside & (y0 >= y1a) & (y0 < y2a)
+        row1 = inside & (y0 + 1 >= y1a) & (y0 + 1 < y2a)
+        # the image's first byte in int64 (a large store passes 2**31 bytes), the rest in int32
+        base = image.to(tl.int64) * slot * slot * 3
+        at = base + (((y0 - y1a + y1b) * slot + x0 - x1a + x1b) * 3).to(tl.int64)
+        down = slot * 3
+        off00 = tl.where(row0 & col0, at, off00)
+        off01 = tl.where(row0 & col1, at + 3, off01)
+        off10 = tl.where(row1 & col0, at + down, off10)
+        off11 = tl.where(row1 & col1, at + down + 3, off11)
+        in00, in01 = in00 | (row0 & col0), in01 | (row0 & col1)
+        in10, in11 = in10 | (row1 & col0), in11 | (row1 & col1)
+    return off00, off01, off10, off11, in00, in01, in10, in11
+
+
+@triton.jit
+def _read(pixels, at, found, grey):
+    """The three bytes at ``at`` where ``found``, grey elsewhere, as floats."""
     r = tl.where(found, tl.load(pixels + at, mask=found, other=0).to(tl.float32), grey)
     g = tl.where(found, tl.load(pixels + at + 1, mask=found, other=0).to(tl.float32), grey)
     bl = tl.where(found, tl.load(pixels + at + 2, mask=found, other=0).to(tl.float32), grey)
@@ -52,12 +74,13 @@ def render(pixels, tiles, inverse, tables, out, size, slot, grey, BLOCK: tl.cons
     cy = tl.load(m + 3) * ox + tl.load(m + 4) * oy + tl.load(m + 5)
     fx, fy = tl.floor(cx), tl.floor(cy)
     ax, ay = cx - fx, cy - fy
-    x0, y0 = fx.to(tl.int64), fy.to(tl.int64)
+    x0, y0 = fx.to(tl.int32), fy.to(tl.int32)
     bx, by = 1.0 - ax, 1.0 - ay
-    r0, g0, b0 = _tap(pixels, tiles, b, x0, y0, inside, slot, grey)
-    r1, g1, b1 = _tap(pixels, tiles, b, x0 + 1, y0, inside, slot, grey)
-    r2, g2, b2 = _tap(pixels, tiles, b, x0, y0 + 1, inside, slot, grey)
-    r3, g3, b3 = _tap(pixels, tiles, b, x0 + 1, y0 + 1, inside, slot, grey)
+    at00, at01, at10, at11, in00, in01, in10, in11 = _neighbours(tiles, b, x0, y0, inside, slot)
+    r0, g0, b0 = _read(pixels, at00, in00, grey)
+    r1, g1, b1 = _read(pixels, at01, in01, grey)
+    r2, g2, b2 = _read(pixels, at10, in10, grey)
+    r3, g3, b3 = _read(pixels, at11, in11, grey)
     r = bx * by * r0 + ax * by * r1 + bx * ay * r2 + ax * ay * r3
     g = bx * by * g0 + ax * by * g1 + bx * ay * g2 + ax * ay * g3
     bl = bx * by * b0 + ax * by * b1 + bx * ay * b2 + ax * ay * b3
