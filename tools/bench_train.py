@@ -99,7 +99,10 @@ class EpochClock:
         from bench_data import thread_seconds  # tools/ is on the path
 
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            # the training's stream, where every framework here trains (a device-wide wait
+            # would also wait for work a run keeps beside it, e.g. falconet's checkpoint
+            # copies, which the run itself never waits for at an epoch's end)
+            torch.cuda.current_stream().synchronize()
         self.ends.append(time.perf_counter())
         index = len(self.ends) - 1
         if self.reads_at is None or index in self.reads_at:

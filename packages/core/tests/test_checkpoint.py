@@ -94,7 +94,7 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     snapshot = PinnedSnapshot()
     taken_last, taken_best = snapshot.take([last, best])
     torch.cuda.synchronize()
-    assert snapshot.copies_queued
+    assert snapshot.copied is not None and snapshot.copied.query()
     view = taken_last["weights"]["conv"]
     assert view.is_pinned() and view.stride() == conv.stride()  # channels_last kept
     assert torch.equal(view, conv.cpu()) and torch.equal(taken_last["optimizer"], momentum.cpu())
@@ -105,6 +105,11 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     base.mul_(3)
     assert torch.equal(view * 2, conv.cpu())  # the snapshot is a copy
     again = snapshot.take([last, best])[0]
+    # the copies run on the snapshot's stream; the caller's goes on at once, and changing the
+    # state there does not reach the snapshot (gathered on the caller's stream before)
+    conv.add_(1)
+    snapshot.copied.synchronize()
+    conv.sub_(1)
     torch.cuda.synchronize()
     assert again["weights"]["conv"].data_ptr() == before  # the same buffers, refilled
     assert torch.equal(again["weights"]["conv"], conv.cpu())

@@ -85,7 +85,6 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._snapshot = PinnedSnapshot()
-        self._copied: torch.cuda.Event | None = None
 
     def submit(self, files: list[tuple[dict[str, Any], Path]]) -> None:
         """Write each ``(state, path)`` of ``files`` in order, in the background."""
@@ -93,24 +92,19 @@ class CheckpointWriter:
         self.write([(copy, path) for copy, (_, path) in zip(copies, files, strict=True)])
 
     def copy(self, states: list[Any]) -> list[Any]:
-        """Host copies of ``states`` for :meth:`write` (their tensors' copies queued on the
-        current stream, not waited for), valid until the next :meth:`copy`. The trainer
+        """Host copies of ``states`` for :meth:`write` (their tensors' copies queued, not
+        waited for: the writer's thread waits), valid until the next :meth:`copy`. The trainer
         copies at the epoch's last batch, while the GPU still runs the epoch's last steps,
         and writes at the epoch's end."""
         self.wait()  # the previous files are written: the snapshot's buffers are free
-        copies = self._snapshot.take(states)
-        self._copied = None  # the point of the CUDA stream where the copies are done
-        if self._snapshot.copies_queued:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
-        return copies
+        return self._snapshot.take(states)
 
     def write(self, files: list[tuple[dict[str, Any], Path]]) -> None:
         """Write ``files``, whose states hold only host tensors (:meth:`copy`'s), in the
         background."""
         files = [(state, Path(path)) for state, path in files]
         self._thread = threading.Thread(
-            target=self._write, args=(files, self._copied), name="falconet-checkpoint"
+            target=self._write, args=(files, self._snapshot.copied), name="falconet-checkpoint"
         )
         self._thread.start()
 

@@ -6,12 +6,15 @@ host memory before the next epoch changes it. Copied tensor by tensor, that is o
 against this module is measured in docs/training.md, checkpoints), and torch then stores each
 tensor's storage as its own record. Here the tensors of one section of the state (the top-level
 key they are first met under: ``weights``, ``model``, ``optimizer``, ...) and one dtype are
-gathered on the device by ``torch.cat`` (a few batched kernels) and brought to the host by one
-copy into a pinned buffer allocated on the first snapshot and reused while the state keeps its
-layout. The snapshot's tensors are views of those buffers, with the live tensors' strides (a
-channels_last weight stays channels_last), so ``torch.save`` writes one record per buffer and a
-file holds only the sections it names: ``best.pt`` (its ``weights``) holds the ``weights``
-buffers, not the optimizer's.
+gathered on the device by ``torch.cat`` (a few batched kernels, on the caller's stream: the
+state as it is at that point of the stream) and brought to the host by one copy into a pinned
+buffer allocated on the first snapshot and reused while the state keeps its layout. The copies
+run on a stream of the snapshot's own: the caller's stream goes on without them (its next wait
+for the GPU, the epoch's log read, does not wait for some 50 MB to cross to the host), and
+:attr:`PinnedSnapshot.copied` says when they are done. The snapshot's tensors are views of
+those buffers, with the live tensors' strides (a channels_last weight stays channels_last), so
+``torch.save`` writes one record per buffer and a file holds only the sections it names:
+``best.pt`` (its ``weights``) holds the ``weights`` buffers, not the optimizer's.
 
 A tensor met twice (the EMA's weights are both ``last.pt``'s ``weights`` and its ``ema``
 state, and ``best.pt``'s ``weights``: each ``state_dict()`` call makes new tensor objects of the
@@ -55,16 +58,14 @@ class PinnedSnapshot:
         # tensors that are not dense, whose flattening is a copy made again at each snapshot:
         # (buffer, part, tensor)
         self._regather: list[tuple[int, int, torch.Tensor]] = []
-
-    @property
-    def copies_queued(self) -> bool:
-        """Whether the last :meth:`take` queued copies from a GPU (then wait for them)."""
-        return bool(self._buffers)
+        self._stream: torch.cuda.Stream | None = None  # the copies' (created at the first)
+        self.copied: torch.cuda.Event | None = None
+        """Recorded on the copies' stream after the last :meth:`take`'s copies (``None``
+        when it copied nothing from a GPU): wait for it before reading the snapshot."""
 
     def take(self, states: list[Any]) -> list[Any]:
         """``states`` with every tensor replaced by a host copy (containers rebuilt). The CUDA
-        tensors' copies are queued on the current stream without waiting: read them only after
-        an event recorded after this call has completed.
+        tensors' copies are queued without waiting: read them only after :attr:`copied`.
 
         The layout (which tensors go to which buffer, and their views) is worked out once and
         kept while the states hold the same tensors (the same memory, shapes and strides),
@@ -78,8 +79,19 @@ class PinnedSnapshot:
         with torch.no_grad():
             for b, i, t in self._regather:
                 self._parts[b][i] = t.reshape(-1)
-            for buffer, parts in zip(self._buffers, self._parts, strict=True):
-                buffer.copy_(torch.cat(parts), non_blocking=True)
+            gathered = [torch.cat(parts) for parts in self._parts]
+        self.copied = None
+        if gathered:
+            device = gathered[0].device
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device)
+            self._stream.wait_stream(torch.cuda.current_stream(device))  # after the gathers
+            with torch.cuda.stream(self._stream):
+                for buffer, flat in zip(self._buffers, gathered, strict=True):
+                    buffer.copy_(flat, non_blocking=True)
+                    flat.record_stream(self._stream)  # not reused before it is copied
+                self.copied = torch.cuda.Event()
+                self.copied.record()
         views, clones = iter(self._views), {}
         return [rebuilt(state, views, clones) for state in states]
 
