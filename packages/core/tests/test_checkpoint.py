@@ -104,12 +104,14 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     conv.mul_(2)
     base.mul_(3)
     assert torch.equal(view * 2, conv.cpu())  # the snapshot is a copy
+    expected = conv.clone()
     again = snapshot.take([last, best])[0]
     # the copies run on the snapshot's stream; the caller's goes on at once, and changing the
     # state there does not reach the snapshot (gathered on the caller's stream before)
     conv.add_(1)
     snapshot.copied.synchronize()
-    conv.sub_(1)
+    assert torch.equal(again["weights"]["conv"], expected.cpu())
+    conv.copy_(expected)
     torch.cuda.synchronize()
     assert again["weights"]["conv"].data_ptr() == before  # the same buffers, refilled
     assert torch.equal(again["weights"]["conv"], conv.cpu())
