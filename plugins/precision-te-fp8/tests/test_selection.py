@@ -61,6 +61,21 @@ def test_the_probe_forward_records_each_layers_rows():
     assert products(layers, rows) == [Product(32, 64, 256)]  # only "big" is eligible and used
 
 
+def test_the_probe_forward_leaves_the_running_statistics_as_it_found_them():
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.Flatten(2))
+    model.append(Transposed()).append(nn.Linear(16, 64)).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = layer_rows(model, ["4"], torch.randn(2, 3, 6, 6) + 5)  # a training forward
+    assert rows == {"4": 2 * 16}
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running mean/var, count
+
+
+class Transposed(nn.Module):
+    def forward(self, x):
+        return x.transpose(1, 2)
+
+
 def test_a_layer_converts_only_where_fp8_measured_faster_by_the_margin():
     model = Net()
     layers = linear_layers(model, 16)

@@ -62,8 +62,11 @@ class Timing:
 
 def layer_rows(model: nn.Module, names: Iterable[str], example: torch.Tensor) -> dict[str, int]:
     """Rows each named linear layer multiplies in one training forward of ``example`` (the
-    largest, where a layer runs more than once)."""
+    largest, where a layer runs more than once). The model's buffers are put back afterwards:
+    a training forward updates BatchNorm's running statistics, and a probe must not leave the
+    run's network other than it found it."""
     rows: dict[str, int] = {}
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
     modules = dict(model.named_modules())
     hooks = []
     for name in names:
@@ -79,6 +82,9 @@ def layer_rows(model: nn.Module, names: Iterable[str], example: torch.Tensor) ->
     finally:
         for hook in hooks:
             hook.remove()
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
     return rows
 
 
