@@ -1,5 +1,5 @@
 """falconet-detr from the front door: ``Detector("detr-n").train`` on the tiny shapes set
-with the family's recipe (AdamW, the backbone at a tenth of the rate, the hungarian matcher),
+with the family's recipe (AdamW at 4e-4, the backbone at the same rate, the hungarian matcher),
 its checkpoint loaded back for prediction."""
 
 from __future__ import annotations
