@@ -84,8 +84,8 @@ class EpochClock:
     """Wall-clock time of every epoch end (the same callback idea in every framework), the
     run's start counted as end 0. The CPU time of the process, its threads and its loader
     workers is read only at the ends in ``reads_at`` (every end when ``None``): reading /proc
-    for some 40 threads costs 2-3 ms, which at every end would be the benchmark's own time in
-    the next epoch."""
+    for each of a run's threads takes milliseconds, which at every end would be the
+    benchmark's own time in the next epoch (docs/data.md, 2026-12-04)."""
 
     def __init__(self, reads_at: set[int] | None = None) -> None:
         self.ends: list[float] = []

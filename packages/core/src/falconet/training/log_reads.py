@@ -3,11 +3,12 @@
 The loop sums the losses and the non-finite counter on the device and reads them every
 ``log_interval`` batches. A blocking read (``.tolist()``) waits for every step queued so far:
 the GPU then sits idle until the host has queued the next batch (its loader's hand-over, the
-targets' copies, the step's launch), at every read, which at batch 16 on COCO128 is three times
-an epoch besides its end. :class:`LaggedReads` reads mid-epoch values one interval late
-instead: each read queues a copy of the values into pinned host memory and returns those of
-the previous read, long done by then, so it never waits for the GPU. The epoch's last read
-waits (the epoch's row needs its own values), as does any read on a device that has no queue.
+targets' copies, the step's launch), at every read: three times besides its end in an epoch of
+32 batches at the default ``log_interval``. :class:`LaggedReads` reads mid-epoch values one
+interval late instead: each read queues a copy of the values into pinned host memory and
+returns those of the previous read, long done by then, so it never waits for the GPU. The
+epoch's last read waits (the epoch's row needs its own values), as does any read on a device
+that has no queue.
 """
 
 from __future__ import annotations
