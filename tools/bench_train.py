@@ -315,7 +315,7 @@ class EpochTrace:
         self.seen += 1
         if self.seen == self.epochs - 1:
             self.sampler = StackSampler(threading.get_ident())
-            self.sampler.phase = "first batch"  # from the epoch's start to its end
+            self.sampler.phase = "first batch"  # until the first batch ends (on_step_end)
             self.sampler.start()
         if self.seen == self.epochs:
             import torch
@@ -346,9 +346,10 @@ class EpochTrace:
         events = self.profiler.events()
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         batches = trainer.batch_in_epoch
-        busy = union_ms((e.time_range.start, e.time_range.end) for e in kernels)
+        intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+        busy = union_ms(intervals)
         table = kernel_table(kernels, batches)
-        self.result["idle"] = idle_gaps([(e.time_range.start, e.time_range.end) for e in kernels])
+        self.result["idle"] = idle_gaps(intervals)
         self.result |= {
             "batches": batches,
             "wall_ms_per_batch": round(wall_ms / batches, 3),
@@ -450,7 +451,7 @@ def run_falconet(args) -> dict:
         # seconds from the start of fit to each batch end of epoch 1, on the host's clock
         result["epoch1_batch_ends_s"] = [round(t - clock.ends[0], 3) for t in callback.first_epoch]
         clock.drop_first()
-        if len(callbacks) > 1:  # the sampled and traced epochs are left out of img/s
+        if traced:  # the sampled and traced epochs are left out of img/s
             result["trace_last_epoch"] = callbacks[1].result
             clock.drop_last()
             clock.drop_last()
