@@ -173,7 +173,7 @@ def median_ms(step, warmup: int = 20, steps: int = 100) -> float:
     return statistics.median(times)
 
 
-def gpu_profile(step, steps: int = 20) -> dict:
+def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
     """GPU-busy fraction, kernels per step and host syncs per step of ``step``. Busy is the
     time some kernel ran (the union of their intervals): with a second stream
     (``wgrad_stream``) kernels overlap, and the sum of their times exceeded the wall time."""
@@ -193,7 +193,7 @@ def gpu_profile(step, steps: int = 20) -> dict:
         wall_us = (time.perf_counter() - start) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_us = 1000 * union_ms((e.time_range.start, e.time_range.end) for e in kernels)
-    top = kernel_table(kernels, steps)
+    top = kernel_table(kernels, steps, rows)
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -306,8 +306,8 @@ class EpochTrace:
     the last (the kernels per batch, beside the isolated step's, :func:`gpu_profile`). Both
     epochs are left out of the run's img/s (the sampler's and the tracer's host cost)."""
 
-    def __init__(self, epochs: int) -> None:
-        self.epochs, self.seen, self.profiler, self.start = epochs, 0, None, 0.0
+    def __init__(self, epochs: int, rows: int = 20) -> None:
+        self.epochs, self.rows, self.seen, self.profiler, self.start = epochs, rows, 0, None, 0.0
         self.sampler: StackSampler | None = None
         self.result: dict = {}
 
@@ -348,7 +348,7 @@ class EpochTrace:
         batches = trainer.batch_in_epoch
         intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
         busy = union_ms(intervals)
-        table = kernel_table(kernels, batches)
+        table = kernel_table(kernels, batches, self.rows)
         self.result["idle"] = idle_gaps(intervals)
         self.result |= {
             "batches": batches,
@@ -426,7 +426,7 @@ def run_falconet(args) -> dict:
         callback = SimpleCallback(clock)
         callbacks = [callback]
         if traced:
-            callbacks.append(EpochTrace(args.epochs))
+            callbacks.append(EpochTrace(args.epochs, args.kernel_rows))
         trainer = Trainer(plan_run(keys, plugins), plugins, callbacks)
         result["graph"] = trainer.run.graph  # what ran: a backend that declines runs eager
         saves = timed_calls(trainer, "_save")
@@ -486,7 +486,7 @@ def run_falconet(args) -> dict:
         seconds["timed"] = time.perf_counter() - start
         if torch.cuda.is_available() and args.gpu_profile:
             start = time.perf_counter()
-            result.update(gpu_profile(step))
+            result.update(gpu_profile(step, rows=args.kernel_rows))
             seconds["profile"] = time.perf_counter() - start
         result["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     return result
@@ -973,6 +973,8 @@ def spawn(
         str(args.overfit_epochs),
         "--gpu-profile" if args.gpu_profile else "--no-gpu-profile",
         "--trace-last-epoch" if args.trace_last_epoch else "--no-trace-last-epoch",
+        "--kernel-rows",
+        str(args.kernel_rows),
     ]
     env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
@@ -1154,6 +1156,12 @@ def main() -> None:
         default=False,
         help="falconet e2e: sample the main thread's stacks over the second-last epoch and "
         "trace the last one's kernels (both left out of img/s)",
+    )
+    parser.add_argument(
+        "--kernel-rows",
+        type=int,
+        default=20,
+        help="kernel tables (--gpu-profile, --trace-last-epoch): how many kernels, by time",
     )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
