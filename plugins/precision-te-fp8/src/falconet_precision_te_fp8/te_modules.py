@@ -4,15 +4,18 @@ import)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import statistics
 
 import torch
-import transformer_engine.pytorch as te
 from torch import nn
-from transformer_engine.common import recipe as te_recipe
 
 from falconet_precision_te_fp8.gating import Product, Timing
+from falconet_precision_te_fp8.te_import import import_te
+
+te = import_te()
+te_recipe = importlib.import_module("transformer_engine.common.recipe")
 
 log = logging.getLogger("falconet.train")
 
