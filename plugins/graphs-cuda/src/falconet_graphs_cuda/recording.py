@@ -187,19 +187,31 @@ class CudaStepRecorder:
     def __init__(self, warmup: int = 3) -> None:
         self.warmup = warmup
         self.pool = torch.cuda.graph_pool_handle()
+        self.side: torch.cuda.Stream | None = None  # warm-ups and captures, made at the first
+        self.warmed: set[tuple] = set()  # image shapes a recording has warmed up at
+
+    def _side(self, device: torch.device) -> torch.cuda.Stream:
+        if self.side is None:
+            self.side = torch.cuda.Stream(device)
+        self.side.wait_stream(torch.cuda.current_stream(device))
+        return self.side
 
     def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
+        """The forward + loss + backward of ``bucket`` recorded. Its warm-up runs ``warmup``
+        passes at an image shape not recorded before and one at a shape that was (a new target
+        bucket): the network's algorithms at that shape are chosen and its lazy state built,
+        and one pass builds what the loss's new target shapes need."""
         device = images.device
         static_images = images.clone()
         static_targets = clone_targets(targets)
         network = step.network
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(device)
+        shape = (tuple(images.shape), images.stride(), images.dtype)
         try:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
+            side = self._side(device)
             with torch.cuda.stream(side), _no_autocast_cache(device.type):
-                for _ in range(self.warmup):
+                for _ in range(1 if shape in self.warmed else self.warmup):
                     loss, parts = step.micro(static_images, static_targets, accumulate=False)
             torch.cuda.current_stream(device).wait_stream(side)
             # the outputs a replay hands back, outside the graphs' shared pool: a bucket recorded
@@ -208,14 +220,12 @@ class CudaStepRecorder:
             held_loss = torch.empty_like(loss)
             held_parts = {name: torch.empty_like(value) for name, value in parts.items()}
             graph = torch.cuda.CUDAGraph()
-            with (
-                torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
-                _no_autocast_cache(device.type),
-            ):
+            with capturing(graph, self.pool, side), _no_autocast_cache(device.type):
                 loss, parts = step.micro(static_images, static_targets)
                 held_loss.copy_(loss)
                 for name, value in parts.items():
                     held_parts[name].copy_(value)
+            self.warmed.add(shape)
         except BaseException:
             reset_generator_capture(device)
             raise
@@ -235,19 +245,34 @@ class CudaStepRecorder:
         tensors += step.buffers  # a distributed update gives them rank 0's values
         saved = [t.detach().clone() for t in tensors]
         try:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
+            side = self._side(device)
             with torch.cuda.stream(side):
                 step.update()
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            with capturing(graph, self.pool, side):
                 step.update()
         finally:  # the warm-up's update is not the run's
             with torch.no_grad():
                 for tensor, value in zip(tensors, saved, strict=True):
                     tensor.copy_(value)
         return CudaUpdate(graph)
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
+    """``torch.cuda.graph``'s capture (into ``pool``, on ``stream``, thread-local error mode)
+    without what it does first: a device synchronisation and the emptying of torch's caches,
+    which hands every unused cached block back to the driver (and in newer torch the pinned
+    host blocks too) to give the graph room. In a training run the steps after a capture
+    allocate those blocks again, and the recorder's side stream already waits for the work
+    queued before it (a capture runs nothing itself)."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def reset_generator_capture(device: torch.device) -> None:
