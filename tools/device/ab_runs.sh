@@ -41,8 +41,8 @@
 #   tests   pytest on tests_paths (the working tree's, with the side's packages): the GPU-only
 #           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
 # A job may name a set of settings, name@set:side (e.g. "step@detr:b"): each setting the job
-# reads (ab_step_arms, step_batches, step_args, ab_e2e_arms, e2e_batches, overfit_arms,
-# overfit_epochs, overfit_gpus) is then taken from <setting>_<set> where that is set, so one
+# reads (ab_step_arms, step_batches, step_args, ab_e2e_arms, e2e_batches, e2e_epochs,
+# overfit_arms, overfit_epochs, overfit_gpus) is then taken from <setting>_<set> where that is set, so one
 # call measures different models side by side.
 # With with_te=1, Transformer Engine (.te, carried: tools/device/te_bundle.sh) is installed
 # beside every side's packages first (tools/device/te_install.sh), for amp_dtype=fp8 arms.
@@ -79,9 +79,10 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
   local ab_step_arms=${ab_step_arms:-} step_batches=${step_batches:-} step_args=${step_args:-}
   local ab_e2e_arms=${ab_e2e_arms:-} e2e_batches=${e2e_batches:-} overfit_arms=${overfit_arms:-}
   local overfit_epochs=${overfit_epochs:-} overfit_gpus=${overfit_gpus:-} setting named
+  local e2e_epochs=${e2e_epochs:-4}
   if [[ -n $set ]]; then
-    for setting in ab_step_arms step_batches step_args ab_e2e_arms e2e_batches overfit_arms \
-      overfit_epochs overfit_gpus; do
+    for setting in ab_step_arms step_batches step_args ab_e2e_arms e2e_batches e2e_epochs \
+      overfit_arms overfit_epochs overfit_gpus; do
       named=${setting}_$set
       [[ -n ${!named:-} ]] && printf -v "$setting" %s "${!named}"
     done
@@ -116,7 +117,7 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
       # shellcheck disable=SC2086  # e2e_args: several arguments
       timeout "${e2e_timeout:-200}" python bench_train.py --data "$data" --amp fp16 \
         --batch "${e2e_batches:-16}" --arms "${ab_e2e_arms:-$ws:amp_dtype=fp16}" --repeats 1 \
-        --epochs "${e2e_epochs:-4}" --repeat-data 4 ${e2e_args:-} \
+        --epochs "$e2e_epochs" --repeat-data 4 ${e2e_args:-} \
         --measures e2e --gpus 0 --timeout "${e2e_timeout:-200}" --out "$out" ;;
     checkpoint)
       timeout "${checkpoint_timeout:-120}" python bench_checkpoint.py \
