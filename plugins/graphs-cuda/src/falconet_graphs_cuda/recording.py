@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,7 @@ class CudaMicro:
         self.bucket = bucket
         self.images, self.targets = images, targets
         self.loss, self.parts, self.graph = loss, parts, graph
+        self.phases: dict[str, float] = {}  # host seconds of the recording's phases
 
     def replay(self, images: torch.Tensor, targets: Targets):
         self.images.copy_(images)
@@ -208,12 +210,15 @@ class CudaStepRecorder:
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(device)
         shape = (tuple(images.shape), images.stride(), images.dtype)
+        passes = 1 if shape in self.warmed else self.warmup
         try:
+            start = time.perf_counter()
             side = self._side(device)
             with torch.cuda.stream(side), _no_autocast_cache(device.type):
-                for _ in range(1 if shape in self.warmed else self.warmup):
+                for _ in range(passes):
                     loss, parts = step.micro(static_images, static_targets, accumulate=False)
             torch.cuda.current_stream(device).wait_stream(side)
+            warmed = time.perf_counter()
             # the outputs a replay hands back, outside the graphs' shared pool: a bucket recorded
             # after the update is replayed before it, and the update's temporaries, freed into
             # the pool when it was recorded, may lie where this recording put its own outputs
@@ -226,6 +231,7 @@ class CudaStepRecorder:
                 for name, value in parts.items():
                     held_parts[name].copy_(value)
             self.warmed.add(shape)
+            captured = time.perf_counter()
         except BaseException:
             reset_generator_capture(device)
             raise
@@ -234,7 +240,9 @@ class CudaStepRecorder:
                 for buffer, saved in zip(network.buffers(), buffers, strict=True):
                     buffer.copy_(saved)
             torch.cuda.set_rng_state(rng, device)
-        return CudaMicro(bucket, static_images, static_targets, held_loss, held_parts, graph)
+        recording = CudaMicro(bucket, static_images, static_targets, held_loss, held_parts, graph)
+        recording.phases = {f"warm-up ({passes})": warmed - start, "capture": captured - warmed}
+        return recording
 
     def update(self, step) -> CudaUpdate:
         device = step.parts.device
@@ -345,6 +353,7 @@ class EagerMicro:
         self.step, self.bucket = step, bucket
         self.images, self.targets = images, targets
         self.replays = 0
+        self.phases: dict[str, float] = {}
 
     def replay(self, images: torch.Tensor, targets: Targets):
         self.images.copy_(images)

@@ -60,6 +60,8 @@ class MicroRecording(Protocol):
     """A recorded forward + loss + backward for one (image shape, bucket)."""
 
     bucket: tuple[int, ...]
+    phases: dict[str, float]
+    """Host seconds of the recording's phases, by name (shown in its log line; may be empty)."""
 
     def replay(
         self, images: torch.Tensor, targets: Targets
@@ -189,10 +191,11 @@ class WholeStep:
         buckets.sort(key=lambda r: r.bucket[::-1])  # the fewest boxes first: the least work
         self.counts["recorded"] += 1
         log.info(
-            "graph=whole-step: captured the step for input %s with target bucket %s in %.0f ms",
+            "graph=whole-step: captured the step for input %s with target bucket %s in %.0f ms%s",
             list(images.shape),
             bucket,
             seconds * 1e3,
+            "".join(f", {name} {t * 1e3:.0f} ms" for name, t in recording.phases.items()),
         )
         return recording
 
