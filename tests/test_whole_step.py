@@ -527,12 +527,15 @@ def test_packed_gradients_are_views_of_one_buffer_in_the_parameters_layouts():
 
 def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, caplog):
     """Each recording's host time adds to the step's ``capture_seconds`` and is in its log
-    line (tools/bench_train.py reports the sum for an end-to-end run)."""
+    line with the phases the recorder timed (tools/bench_train.py reports the sum for an
+    end-to-end run)."""
 
     class SlowRecorder(EagerStepRecorder):
         def micro(self, *args):
             time.sleep(0.05)
-            return super().micro(*args)
+            recording = super().micro(*args)
+            recording.phases = {"warm-up (3)": 0.04, "capture": 0.01}  # as CudaStepRecorder's
+            return recording
 
     whole = run_for(keys, installed_falconet_plugins, SlowRecorder())
     with caplog.at_level(logging.INFO, logger="falconet.train"):
@@ -540,7 +543,11 @@ def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, 
     stats = whole.step.stats()
     assert stats.recorded == 1
     assert stats.capture_seconds >= 0.05
-    assert re.search(r"captured the step for input .* with target bucket .* in \d+ ms", caplog.text)
+    assert re.search(
+        r"captured the step for input .* with target bucket .* in \d+ ms, "
+        r"warm-up \(3\) 40 ms, capture 10 ms",
+        caplog.text,
+    )
 
 
 def test_micro_casts_weights_and_counts_batches_in_one_kernel_each(
