@@ -14,7 +14,8 @@ Per arm and batch size:
   repeated ``--repeat-data`` times (symlinks) so an epoch is long enough to be stable, and the
   CPU cores busy over the same epochs (``cpu_cores``: the process's threads and its loader
   workers, from /proc); for a falconet graph backend also its captures and their host time
-  over the run (``capture_s``);
+  over the run (``capture_s``), and the backend's log lines (``graph_log``: each capture's
+  bucket, host time and its warm-up and capture phases);
 * **isolated step** (falconet, Ultralytics, RF-DETR): forward + loss + backward + optimizer +
   EMA on one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
@@ -41,6 +42,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -362,6 +364,32 @@ class EpochTrace:
 
 
 # ---------------------------------------------------------------------------- the arms
+class GraphLog(logging.Handler):
+    """The graph backend's log lines of a run (each capture with its host time and phases, a
+    capture that failed), kept for the results: a worker's own log is not kept."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("graph="):
+            self.lines.append(message)
+
+    def __enter__(self) -> GraphLog:
+        logger = logging.getLogger("falconet.train")
+        self._level = logger.level
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logger = logging.getLogger("falconet.train")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
+
+
 def recordings(trainer) -> dict:
     """What the run's graph backend spent on recording: captures made and their host wall
     time (warm-up passes included), and the batches it left to run eagerly (the step's
@@ -434,7 +462,9 @@ def run_falconet(args) -> dict:
         waits = timed_calls(trainer.checkpoints, "wait")  # inside each copy, and fit's last
         images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
-        trainer.fit()
+        with GraphLog() as graph_log:
+            trainer.fit()
+        result["graph_log"] = graph_log.lines
         # every epoch's wall time, epoch 1 included: where a short run's time goes
         result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
         result["epoch_batches_s"] = callback.loops  # epoch_s less this: the epochs' ends
