@@ -1,13 +1,14 @@
 """The DETR loss: varifocal classification, L1 and GIoU boxes, on every decoder layer, on the
 encoder's proposals and on the denoising queries.
 
-One matching per step. The ``hungarian`` assigner (falconet-detect's, through the registry)
-matches the last decoder layer's queries to the boxes, and that matching serves every layer
-and the proposals too: decoder query ``i`` started from proposal ``i`` and is refined layer
-by layer, so they are one query seen at several depths. RT-DETR matches each layer anew, a
-solve per layer; this loss solves once a step, on the GPU with no host round trip where the
-assigner's GPU solver runs, else with the last layer's cost matrices and the counts copied to
-the host once. The denoising queries need no matching (each knows its target).
+Every decoder layer and the proposals are matched anew, as in RT-DETR: each depth's queries
+to the boxes by the ``hungarian`` assigner (falconet-detect's, through the registry), and each
+depth's terms are computed against its own matching. The depths are stacked into the batch
+dimension (:func:`stacked_targets`), so the step still makes one assigner call: one batched
+solve on the GPU with no host round trip where the assigner's GPU solver runs, else the cost
+matrices and counts copied to the host once. One matching of the last layer serving every
+depth (query ``i`` of every layer is one query refined) learned far more slowly on the overfit
+check (docs/models.md). The denoising queries need no matching (each knows its target).
 
 Every term is a sum over queries divided by the global batch's box count (summed over the
 ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does), the
@@ -59,18 +60,22 @@ class DetrLoss:
     def _loss(self, outputs: DetrOutputs, targets: Targets, dn, denoised):
         scale = outputs.scale
         logits, boxes = outputs.logits.float(), outputs.boxes.float()
-        queries = logits.shape[2]
+        depths, batch, queries = logits.shape[:3]
+        # the decoder's layers and the proposals, one matching problem each: [depths + 1, B, Q]
+        all_logits = torch.cat((logits, outputs.enc_logits.float()[None])).detach()
+        all_boxes = torch.cat((boxes, outputs.enc_boxes.float()[None])).detach()
         predictions = Predictions(
-            logits[-1].detach().sigmoid(),
-            cxcywh_to_xyxy(boxes[-1].detach()) * scale,
+            all_logits.sigmoid().flatten(0, 1),
+            cxcywh_to_xyxy(all_boxes).flatten(0, 1) * scale,
             # queries have no spatial anchor: the image's centre, so the assigner's image extent
             # (twice the largest anchor coordinate) is the input's long side
             (scale[:2].max() / 2).expand(queries, 2),
             torch.ones(queries, 1, device=scale.device),
         )
-        matched = self.assigner(predictions, targets)  # the one matching of the step
-        labels, foreground = matched.labels, matched.foreground
-        target_boxes = xyxy_to_cxcywh(matched.boxes / scale)
+        matched = self.assigner(predictions, stacked_targets(targets, depths + 1))
+        shape = (depths + 1, batch, queries)
+        labels, foreground = matched.labels.view(shape), matched.foreground.view(shape)
+        target_boxes = xyxy_to_cxcywh(matched.boxes.view(*shape, 4) / scale)
         everything = torch.ones_like(foreground)
         norm = ops.rank_sum(targets.counts.sum().float()).clamp(min=1.0)
         if (ranks := ops.world_size()) > 1:
@@ -79,14 +84,16 @@ class DetrLoss:
         # three calls, each over every layer at once (a leading layer dimension): the loss's
         # kernel count does not grow with the decoder's depth
         terms = (
-            self._terms(logits, boxes, labels, target_boxes, foreground, everything),
+            self._terms(
+                logits, boxes, labels[:-1], target_boxes[:-1], foreground[:-1], everything[:-1]
+            ),
             self._terms(
                 outputs.enc_logits.float(),
                 outputs.enc_boxes.float(),
-                labels,
-                target_boxes,
-                foreground,
-                everything,
+                labels[-1],
+                target_boxes[-1],
+                foreground[-1],
+                everything[-1],
             ),
             self._terms(
                 dn_logits.float(),
@@ -122,3 +129,21 @@ class DetrLoss:
         vfl = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
         l1 = ((boxes - target_boxes).abs().sum(-1) * positive).sum()
         return {"vfl": vfl, "l1": l1, "giou": ((1 - giou) * positive).sum()}
+
+
+def stacked_targets(targets: Targets, copies: int) -> Targets:
+    """``targets`` of a batch of ``B`` images as those of ``copies * B`` images, copy ``k``
+    holding images ``k * B`` to ``k * B + B - 1``: the per-image view repeated, the per-box view
+    with its image indices shifted per copy (padding rows point at image ``copies * B``, none)."""
+    batch = targets.boxes.shape[0]
+    shift = torch.arange(copies, device=targets.box_images.device)[:, None] * batch
+    images = torch.where(
+        targets.box_images[None] == batch, copies * batch, targets.box_images[None] + shift
+    )
+    return Targets(
+        targets.boxes.repeat(copies, 1, 1),
+        targets.labels.repeat(copies, 1),
+        targets.counts.repeat(copies),
+        images.flatten(),
+        targets.box_slots.repeat(copies),
+    )
