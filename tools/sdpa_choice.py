@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import importlib
 import re
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from first_batch import add_row, new_results, replay_parser, save_results, trainer_and_batch
+from first_batch import add_row, each_case, new_results, replay_parser, save_results
 from torch.nn.attention import SDPBackend
 
 CHECKS = {
@@ -108,9 +107,7 @@ def main() -> None:
         importlib.import_module(module)
     results = new_results()
     results["imported_first"] = imported
-    tmp = Path(tempfile.mkdtemp(prefix="sdpa-"))
-    amp, batch = args.amp.split(",")[0], int(args.batch.split(",")[0])
-    trainer, images, targets = trainer_and_batch(args, amp, batch, tmp, "sdpa")
+    _, _, trainer, images, targets = next(each_case(args, "sdpa"))  # the first --amp, --batch
     calls = recorded_calls(trainer, images, targets)
     add_row(results, state())
     for call in calls:
