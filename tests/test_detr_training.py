@@ -4,9 +4,12 @@ its checkpoint loaded back for prediction."""
 
 from __future__ import annotations
 
+import logging
 import math
+import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from falconet import Detector
@@ -44,3 +47,20 @@ def test_a_checkpoint_trained_in_a_precision_not_available_here_evaluates(tiny_r
     torch.save(checkpoint, moved)
     result = Detector(moved).val(data=tiny_run["data"], device="cpu", imgsz=64)
     assert 0.0 <= result.stats["AP"] <= 1.0
+
+
+@pytest.mark.skipif(
+    not any(map(shutil.which, ("c++", "g++", "clang++"))),
+    reason="Inductor needs a C++ compiler on the CPU and none is on PATH",
+)
+def test_detr_n_trains_under_graph_compile(tiny_run, caplog):
+    """``graph=compile`` takes detr-n's whole network (its capture region): deformable
+    attention's ``grid_sample``, query selection's fixed ``topk`` and the anchors compile with
+    Inductor, and the run trains with the compiled network, not the eager fallback that a
+    failed compilation logs. The loss (its denoising pass included) runs eager, as for yolo."""
+    with caplog.at_level(logging.ERROR, logger="falconet.train"):
+        summary = Detector("detr-n").train(
+            **tiny_run, epochs=1, graph="compile", amp_dtype="fp32", val="false"
+        )
+    assert summary["graph"] == "compile" and summary["epochs"] == 1
+    assert not [r for r in caplog.records if "failed to compile" in r.getMessage()]
