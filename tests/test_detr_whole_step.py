@@ -23,8 +23,16 @@ from falconet_graphs_cuda.whole_step import WholeStep
 
 @pytest.fixture
 def keys(tiny_run):
-    # the family's recipe (AdamW, backbone x0.1, clipping at 0.1, EMA); 4 images a batch
-    return {**tiny_run, "model": "detr-n", "batch": "4", "nbs": "8", "val": "false"}
+    # the family's recipe (AdamW, clipping at 0.1, EMA); 4 images a batch; on the CPU on every
+    # machine (on a GPU machine device=auto would take cache=gpu's loader and its own draws)
+    return {
+        **tiny_run,
+        "model": "detr-n",
+        "batch": "4",
+        "nbs": "8",
+        "val": "false",
+        "device": "cpu",
+    }
 
 
 def run_for(keys, plugins, recorder=None) -> Run:
