@@ -54,3 +54,17 @@ def test_an_arms_environment_settings_go_to_its_environment_not_its_keys(bench_t
     tiled = "falconet:bn_silu=triton:FALCONET_BN_SILU_MAP_WARPS=8"
     assert bench_train.parse_arm(tiled) == ("falconet", {"bn_silu": "triton"})
     assert bench_train.arm_env(tiled) == {"FALCONET_BN_SILU_MAP_WARPS": "8"}
+
+
+def test_gpu_time_tells_lost_overlap_from_more_kernel_time(bench_train):
+    """Two steps of a main stream's kernels with a second stream's beside them (microseconds):
+    the same kernels run one after the other instead are as many kernel-milliseconds but more
+    busy ones, the overlap gone."""
+    side_by_side = [(0, 600), (100, 400), (1000, 1600), (1100, 1400)]
+    in_line = [(0, 600), (600, 900), (1000, 1600), (1600, 1900)]
+    assert bench_train.gpu_time(side_by_side, 2) == {
+        "busy_ms": 0.6,
+        "kernel_ms": 0.9,
+        "overlap_ms": 0.3,
+    }
+    assert bench_train.gpu_time(in_line, 2) == {"busy_ms": 0.9, "kernel_ms": 0.9, "overlap_ms": 0.0}

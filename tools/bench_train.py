@@ -19,7 +19,9 @@ Per arm and batch size:
 * **isolated step** (falconet, Ultralytics, RF-DETR): forward + loss + backward + optimizer +
   EMA on one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
-  20 steps), kernels per step and host syncs per step (``set_sync_debug_mode("warn")``);
+  20 steps), the step's busy, kernel and overlap milliseconds (:func:`gpu_time`; the same for
+  a batch of ``--trace-last-epoch``'s traced epoch), kernels per step and host syncs per step
+  (``set_sync_debug_mode("warn")``);
 * **accuracy**, once per arm: the losses of the last timed epoch (each framework's own terms)
   and the mAP after an overfit of COCO128 (train = val, ``--overfit-epochs`` at
   ``--overfit-batch``), scored by the framework's own evaluator.
@@ -194,7 +196,8 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = 1000 * union_ms((e.time_range.start, e.time_range.end) for e in kernels)
+    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+    busy_us = 1000 * union_ms(intervals)
     top = kernel_table(kernels, steps, rows)
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
@@ -203,12 +206,33 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
         torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode(0)
     syncs = sum("synchroniz" in str(w.message) for w in caught)
+    time_ms = gpu_time(intervals, steps)
     return {
         "gpu_busy": round(busy_us / wall_us, 3),
         "kernels_per_step": round(len(kernels) / steps),
         "syncs_per_step": syncs,
         "kernel_ms_per_step": top["ms"],
+        "busy_ms_per_step": time_ms["busy_ms"],
+        "overlap_ms_per_step": time_ms["overlap_ms"],
         "top_kernels": top["top"],
+    }
+
+
+def gpu_time(intervals: list[tuple[float, float]], per: int) -> dict:
+    """GPU time per step (or batch; ``per`` of them traced) of kernels' ``(start, end)``
+    microseconds: ``busy_ms`` the time some kernel ran (the union of the intervals),
+    ``kernel_ms`` the sum of the kernels' times and ``overlap_ms`` their difference, the time
+    kernels ran beside each other on two streams (``wgrad_stream``, the render's stream).
+    Against the isolated step it tells a loop's batch that runs the same kernels less side by
+    side (more busy time, the same kernel time) from one that runs more or slower kernels."""
+    from falconet_profiler.trace import union_ms
+
+    busy = union_ms(intervals) / per
+    kernel = sum(end - start for start, end in intervals) / 1000 / per
+    return {
+        "busy_ms": round(busy, 3),
+        "kernel_ms": round(kernel, 3),
+        "overlap_ms": round(kernel - busy, 3),
     }
 
 
@@ -340,8 +364,6 @@ class EpochTrace:
             return
         import torch
 
-        from falconet_profiler.trace import union_ms
-
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - self.start) * 1000
         self.profiler.__exit__(None, None, None)
@@ -349,13 +371,14 @@ class EpochTrace:
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         batches = trainer.batch_in_epoch
         intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
-        busy = union_ms(intervals)
+        time_ms = gpu_time(intervals, batches)
         table = kernel_table(kernels, batches, self.rows)
         self.result["idle"] = idle_gaps(intervals)
         self.result |= {
             "batches": batches,
             "wall_ms_per_batch": round(wall_ms / batches, 3),
-            "busy_ms_per_batch": round(busy / batches, 3),
+            "busy_ms_per_batch": time_ms["busy_ms"],
+            "overlap_ms_per_batch": time_ms["overlap_ms"],
             "kernels_per_batch": round(len(kernels) / batches),
             "kernel_ms_per_batch": table["ms"],
             "top_kernels": table["top"],
