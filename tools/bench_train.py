@@ -186,8 +186,6 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from falconet_profiler.trace import union_ms
-
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
@@ -196,8 +194,7 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - start) * 1e6
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
-    busy_us = 1000 * union_ms(intervals)
+    time_ms = gpu_time([(e.time_range.start, e.time_range.end) for e in kernels], steps)
     top = kernel_table(kernels, steps, rows)
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
@@ -206,9 +203,8 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
         torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode(0)
     syncs = sum("synchroniz" in str(w.message) for w in caught)
-    time_ms = gpu_time(intervals, steps)
     return {
-        "gpu_busy": round(busy_us / wall_us, 3),
+        "gpu_busy": round(1000 * time_ms["busy_ms"] * steps / wall_us, 3),
         "kernels_per_step": round(len(kernels) / steps),
         "syncs_per_step": syncs,
         "kernel_ms_per_step": top["ms"],
