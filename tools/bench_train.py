@@ -207,10 +207,10 @@ def gpu_profile(step, steps: int = 20, rows: int = 20) -> dict:
         "gpu_busy": round(1000 * time_ms["busy_ms"] * steps / wall_us, 3),
         "kernels_per_step": round(len(kernels) / steps),
         "syncs_per_step": syncs,
-        "kernel_ms_per_step": top["ms"],
+        "kernel_ms_per_step": time_ms["kernel_ms"],
         "busy_ms_per_step": time_ms["busy_ms"],
         "overlap_ms_per_step": time_ms["overlap_ms"],
-        "top_kernels": top["top"],
+        "top_kernels": top,
     }
 
 
@@ -232,22 +232,17 @@ def gpu_time(intervals: list[tuple[float, float]], per: int) -> dict:
     }
 
 
-def kernel_table(kernels, per: int, top: int = 20) -> dict:
-    """Kernel time per step (``per`` steps traced) of profiler CUDA events: the sum of their
-    times and the ``top`` names by time, each ``[name, count, ms]`` per step, so a step and
-    a training loop's batch can be compared kernel by kernel."""
+def kernel_table(kernels, per: int, top: int = 20) -> list[list]:
+    """The ``top`` kernel names by time of profiler CUDA events (``per`` steps traced), each
+    ``[name, count, ms]`` per step, so a step and a training loop's batch can be compared
+    kernel by kernel (their sum is :func:`gpu_time`'s ``kernel_ms``)."""
     by_name: dict[str, list[float]] = {}
     for e in kernels:
         entry = by_name.setdefault(e.name, [0, 0.0])
         entry[0] += 1
         entry[1] += e.time_range.elapsed_us()
     ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
-    return {
-        "ms": round(sum(t for _, t in by_name.values()) / per / 1000, 3),
-        "top": [
-            [name[:90], round(n / per, 2), round(t / per / 1000, 4)] for name, (n, t) in ranked
-        ],
-    }
+    return [[name[:90], round(n / per, 2), round(t / per / 1000, 4)] for name, (n, t) in ranked]
 
 
 def idle_gaps(intervals: list[tuple[float, float]], large_us: float = 100.0) -> dict:
@@ -376,8 +371,8 @@ class EpochTrace:
             "busy_ms_per_batch": time_ms["busy_ms"],
             "overlap_ms_per_batch": time_ms["overlap_ms"],
             "kernels_per_batch": round(len(kernels) / batches),
-            "kernel_ms_per_batch": table["ms"],
-            "top_kernels": table["top"],
+            "kernel_ms_per_batch": time_ms["kernel_ms"],
+            "top_kernels": table,
         }
         self.profiler = None
 
