@@ -382,6 +382,27 @@ def test_a_callback_can_end_the_run_after_the_current_batch(tiny_run, installed_
     assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 1
 
 
+def test_an_epochs_checkpoint_is_written_from_the_middle_of_the_next_epoch(
+    tiny_run, installed_falconet_plugins
+):
+    """The previous epoch's files serialise only once half of the next epoch's batches are
+    launched (CheckpointWriter.hold): not while the GPU's queue is empty at the epoch's start.
+    Epoch 1 has nothing to hold; the last epoch's files are written before fit returns."""
+    held = []
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
+
+    class Watches:
+        def on_step_end(self, run):
+            held.append((run.epoch, run.batch_in_epoch, trainer.checkpoints.held))
+
+    trainer.callbacks = CallbackList([Watches()])
+    trainer.fit()
+    epoch_1 = [(0, 1, False), (0, 2, False), (0, 3, False)]
+    epoch_2 = [(1, 1, True), (1, 2, False), (1, 3, False)]  # released at the second of three
+    assert held == epoch_1 + epoch_2
+    assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 2
+
+
 def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
     tiny_run, tmp_path, caplog
 ):

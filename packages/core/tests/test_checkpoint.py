@@ -176,3 +176,22 @@ def test_a_failed_background_write_is_raised_at_wait_and_keeps_the_previous_file
         writer.wait()
     writer.wait()  # reported once
     assert load_checkpoint(good)["epoch"] == 1
+
+
+def test_a_held_write_waits_for_release_and_wait_releases_it(tmp_path):
+    """The trainer holds an epoch's write until the next epoch is under way: nothing is
+    serialised before :meth:`release`, and :meth:`wait` (the run's end) never waits forever
+    on a write that nobody released."""
+    writer = checkpoint.CheckpointWriter()
+    first, second = tmp_path / "first.pt", tmp_path / "second.pt"
+    writer.hold()
+    writer.write([({"format": FORMAT, "epoch": 1}, first)])
+    writer._thread.join(timeout=0.5)  # time enough to write a small file, were it not held
+    assert writer.held and writer._thread.is_alive() and not first.exists()
+    writer.release()
+    writer.wait()
+    assert not writer.held and load_checkpoint(first)["epoch"] == 1
+    writer.hold()
+    writer.write([({"format": FORMAT, "epoch": 2}, second)])
+    writer.wait()  # no release: wait releases
+    assert load_checkpoint(second)["epoch"] == 2

@@ -12,9 +12,10 @@ the old file or the new one, never a torn one.
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
 at the epoch's last batch (so the next epoch's updates cannot reach the file;
 :mod:`~falconet.training.host_snapshot` says how, in a few copies) and serialised and fsynced
-on a background thread while the next epoch trains: written in place, the two files
-(the optimizer state included, two fsyncs) held the training thread for a sizeable share of a
-short epoch, and the training thread now waits only for the snapshot
+on a background thread from the middle of the next epoch (:meth:`CheckpointWriter.hold`):
+written in place, the two files (the optimizer state included, two fsyncs) held the training
+thread for a sizeable share of a short epoch, and the training thread now waits only for the
+snapshot
 (``tools/bench_checkpoint.py`` measures both; the record is in
 docs/lab/2026-11-end-to-end-and-accuracy.md).
 """
@@ -78,13 +79,33 @@ class CheckpointWriter:
     checkpoint. :meth:`wait` blocks until the last submitted files are on disk and raises a
     :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
     failed write stops the run at the next copy (the trainer's: the next epoch's last batch)
-    instead of passing unnoticed.
+    instead of passing unnoticed. A write can be held (:meth:`hold`): its thread then waits
+    for the snapshot's copies and for :meth:`release` before serialising anything.
     """
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._snapshot = PinnedSnapshot()
+        self._go = threading.Event()
+        self._go.set()
+
+    def hold(self) -> None:
+        """Let the next :meth:`write` serialise only once :meth:`release` is called (or
+        :meth:`wait`). Serialising is Python that holds the GIL (about 1,250 tensors pickled
+        for yolo-n's ``last.pt``); run as the next epoch starts, it slowed the training
+        thread's first launches while the GPU's queue was empty after the epoch's exact log
+        read, and the GPU waited. The trainer releases it once that epoch is under way."""
+        self._go.clear()
+
+    def release(self) -> None:
+        """Let a held :meth:`write` serialise now."""
+        self._go.set()
+
+    @property
+    def held(self) -> bool:
+        """Whether the next or running :meth:`write` waits for :meth:`release`."""
+        return not self._go.is_set()
 
     def submit(self, files: list[tuple[dict[str, Any], Path]]) -> None:
         """Write each ``(state, path)`` of ``files`` in order, in the background."""
@@ -110,6 +131,7 @@ class CheckpointWriter:
 
     def wait(self) -> None:
         """Block until the submitted files are written; raise if writing failed."""
+        self._go.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -134,6 +156,7 @@ class CheckpointWriter:
         try:
             if copied is not None:
                 copied.synchronize()
+            self._go.wait()
             for state, path in files:
                 save_atomic(state, path)
         except BaseException as exc:  # re-raised on the training thread by wait()

@@ -200,6 +200,10 @@ class Trainer:
                 worst = torch.maximum(worst, bad_run)
             images_seen += len(images)
             state.batch_in_epoch = i + 1
+            if i + 1 == (batches_per_epoch + 1) // 2:
+                # the previous epoch's files serialise from here: the GPU has half an epoch
+                # queued or run by now, where at the epoch's start it had nothing queued
+                self.checkpoints.release()
             last = i + 1 == batches_per_epoch
             if last:
                 self._copy_tensors()  # before the log read's wait for the GPU
@@ -325,9 +329,11 @@ class Trainer:
     def _save(self) -> None:
         """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. The
         tensors were copied to host memory at the epoch's last batch (:meth:`_copy_tensors`)
-        and the files are written while the next epoch trains (:class:`CheckpointWriter`);
+        and the files are written while the next epoch trains, from its middle
+        (:class:`CheckpointWriter`, ``hold``);
         :meth:`fit` waits for them before ``on_train_end``."""
         copies, self._copies = self._copies, None  # every saved epoch reached its last batch
+        self.checkpoints.hold()  # released by the next epoch once under way (_train_epoch)
         self.checkpoints.write(self._checkpoint_files(copies))
         self._improved = False
 
