@@ -27,7 +27,7 @@ from falconet.training.planning import (
 )
 from falconet.training.run_state import RunState
 from falconet.training.step import NO_CAPTURES
-from falconet.training.trainer import Trainer, TrainingDiverged
+from falconet.training.trainer import Trainer, TrainingDiverged, write_release_batch
 
 
 @pytest.mark.parametrize(
@@ -382,12 +382,19 @@ def test_a_callback_can_end_the_run_after_the_current_batch(tiny_run, installed_
     assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 1
 
 
+def test_the_checkpoint_write_is_released_mid_epoch_and_no_later_than_a_cap():
+    assert [write_release_batch(n) for n in (1, 2, 3, 8, 32, 64, 65, 7_393)] == [
+        1, 1, 2, 4, 16, 32, 32, 32
+    ]  # fmt: skip
+
+
 def test_an_epochs_checkpoint_is_written_from_the_middle_of_the_next_epoch(
     tiny_run, installed_falconet_plugins
 ):
-    """The previous epoch's files serialise only once half of the next epoch's batches are
-    launched (CheckpointWriter.hold): not while the GPU's queue is empty at the epoch's start.
-    Epoch 1 has nothing to hold; the last epoch's files are written before fit returns."""
+    """The previous epoch's files serialise only once the next epoch is under way
+    (CheckpointWriter.hold, write_release_batch): not while the GPU's queue is empty at the
+    epoch's start. Epoch 1 has nothing to hold; the last epoch's files are written before fit
+    returns."""
     held = []
     trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
 

@@ -12,7 +12,7 @@ the old file or the new one, never a torn one.
 The trainer writes through a :class:`CheckpointWriter`: the state is copied to host memory
 at the epoch's last batch (so the next epoch's updates cannot reach the file;
 :mod:`~falconet.training.host_snapshot` says how, in a few copies) and serialised and fsynced
-on a background thread from the middle of the next epoch (:meth:`CheckpointWriter.hold`):
+on a background thread a few batches into the next epoch (:meth:`CheckpointWriter.hold`):
 written in place, the two files (the optimizer state included, two fsyncs) held the training
 thread for a sizeable share of a short epoch, and the training thread now waits only for the
 snapshot

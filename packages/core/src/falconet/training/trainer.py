@@ -51,6 +51,19 @@ from falconet.training.run_state import Installed, RunState
 log = logging.getLogger("falconet.train")
 
 METRIC_COLUMNS = ("metrics/mAP50-95", "metrics/mAP50", "fitness")
+RELEASE_WRITE_BY = 32
+"""The batch of an epoch by which the previous epoch's checkpoint write is released at the
+latest (:func:`write_release_batch`)."""
+
+
+def write_release_batch(batches_per_epoch: int) -> int:
+    """The batch (1-based) after whose launch the previous epoch's files may serialise: the
+    middle of the epoch, and no later than :data:`RELEASE_WRITE_BY`. Serialising holds the GIL;
+    as the epoch starts, with the GPU's queue drained by the epoch's last log read, it held
+    back the training thread's first launches and the GPU waited. A few batches in, the
+    training thread is ahead of the GPU; the cap keeps a long epoch's files from landing
+    half an epoch late (a crash before they land resumes from the epoch before)."""
+    return max(1, min((batches_per_epoch + 1) // 2, RELEASE_WRITE_BY))
 
 
 class TrainingDiverged(RuntimeError):
@@ -178,6 +191,7 @@ class Trainer:
         start, images_seen = time.perf_counter(), 0
         self._log_reads.reset()
         batches = self._batches  # fit()'s iterator: the next batch is this epoch's first
+        release_at = write_release_batch(batches_per_epoch)
         for i in range(batches_per_epoch):
             with phases("data"):
                 batch = next(batches)
@@ -200,10 +214,8 @@ class Trainer:
                 worst = torch.maximum(worst, bad_run)
             images_seen += len(images)
             state.batch_in_epoch = i + 1
-            if i + 1 == (batches_per_epoch + 1) // 2:
-                # the previous epoch's files serialise from here: the GPU has half an epoch
-                # queued or run by now, where at the epoch's start it had nothing queued
-                self.checkpoints.release()
+            if i + 1 == release_at:
+                self.checkpoints.release()  # the previous epoch's files serialise from here
             last = i + 1 == batches_per_epoch
             if last:
                 self._copy_tensors()  # before the log read's wait for the GPU
@@ -329,8 +341,8 @@ class Trainer:
     def _save(self) -> None:
         """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. The
         tensors were copied to host memory at the epoch's last batch (:meth:`_copy_tensors`)
-        and the files are written while the next epoch trains, from its middle
-        (:class:`CheckpointWriter`, ``hold``);
+        and the files are written while the next epoch trains, from its middle at the latest
+        (:func:`write_release_batch`);
         :meth:`fit` waits for them before ``on_train_end``."""
         copies, self._copies = self._copies, None  # every saved epoch reached its last batch
         self.checkpoints.hold()  # released by the next epoch once under way (_train_epoch)
