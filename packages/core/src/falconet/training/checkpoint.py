@@ -92,10 +92,8 @@ class CheckpointWriter:
 
     def hold(self) -> None:
         """Let the next :meth:`write` serialise only once :meth:`release` is called (or
-        :meth:`wait`). Serialising is Python that holds the GIL (about 1,250 tensors pickled
-        for yolo-n's ``last.pt``); run as the next epoch starts, it slowed the training
-        thread's first launches while the GPU's queue was empty after the epoch's exact log
-        read, and the GPU waited. The trainer releases it once that epoch is under way."""
+        :meth:`wait`): serialising holds the GIL, and the trainer keeps it off the next
+        epoch's first launches (``falconet.training.trainer.write_release_batch`` says why)."""
         self._go.clear()
 
     def release(self) -> None:
