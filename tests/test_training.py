@@ -161,6 +161,30 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(
     assert all(torch.isfinite(t).all() for t in last["model"].values() if t.is_floating_point())
 
 
+def test_weights_that_turn_non_finite_stop_the_run_before_their_epoch_is_saved(
+    tiny_run, installed_falconet_plugins, tmp_path
+):
+    # the weights' check is queued at an epoch's last batch and read with its last log read;
+    # a NaN written into a weight in epoch 2 (the loss turns NaN with it, and nan_patience is
+    # too high to stop the run first) ends the run at epoch 2's end, epoch 1's files kept
+    plugins = installed_falconet_plugins
+
+    class PoisonAWeight:
+        def on_step_end(self, state):
+            if state.progress.epoch == 1 and state.batch_in_epoch == 1:
+                weight = next(trainer.run.model.parameters())
+                with torch.no_grad():
+                    weight[(0,) * weight.dim()] = float("nan")
+
+    plan = plan_run({**tiny_run, "epochs": 3, "nan_patience": 100}, plugins)
+    trainer = Trainer(plan, plugins, [PoisonAWeight()])
+    with pytest.raises(TrainingDiverged, match="the weights became NaN or infinite in epoch 2"):
+        trainer.fit()
+    last = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")
+    assert last["epoch"] == 1
+    assert all(torch.isfinite(t).all() for t in last["model"].values() if t.is_floating_point())
+
+
 def _trainer(tiny_run, plugins, **keys) -> Trainer:
     base = {**tiny_run, "warmup_epochs": 0, "ema": False, "val": False, "seed": 1, "clip_grad": 0}
     return Trainer(plan_run({**base, **keys}, plugins), plugins)

@@ -100,6 +100,7 @@ class Trainer:
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
         self._copies: dict[str, Any] | None = None  # the epoch's tensors, copied (_copy_tensors)
         self._log_reads = LaggedReads()
+        self._weights_were_finite = True  # the last epoch's, read with its last log read
         self.state = RunState(
             run_dir=self.run_dir,
             config=cfg,
@@ -217,17 +218,21 @@ class Trainer:
             if i + 1 == release_at:
                 self.checkpoints.release()  # the previous epoch's files serialise from here
             last = i + 1 == batches_per_epoch
-            if last:
-                self._copy_tensors()  # before the log read's wait for the GPU
+            weights_finite = None
+            if last:  # queued before the log read's wait for the GPU, read by it
+                self._copy_tensors()
+                weights_finite = self._weights_finite()
             if (i + 1) % cfg.log_interval == 0 or last:
-                self._read_log(names, sums, good, worst, images_seen, start, now=last)
+                self._read_log(
+                    names, sums, good, worst, images_seen, start, now=last, also=weights_finite
+                )
             self.callbacks.fire("on_step_end", state)
             # in a distributed run a stop takes effect at the epoch's end, where every rank
             # learns of it (any_rank in fit): one rank leaving mid-epoch would strand the rest
             partial = self._stop_after_batch and i + 1 < batches_per_epoch
             if partial and not run.world.distributed:
                 return None
-        self._check_weights_finite()
+        self._refuse_non_finite_weights()
         seconds = time.perf_counter() - start
         row: dict[str, Any] = {"epoch": self.progress.epoch + 1}
         row.update({f"train/{k}": v for k, v in state.logged.items() if k in names})
@@ -236,15 +241,23 @@ class Trainer:
         row["img/s"] = round(images_seen / seconds, 1)
         return row
 
-    def _read_log(self, names, sums, good, worst, images_seen, start, *, now: bool) -> None:
+    def _read_log(
+        self, names, sums, good, worst, images_seen, start, *, now: bool, also=None
+    ) -> None:
         """The host read of a log interval: mean losses so far and the non-finite count; mid
         epoch (not ``now``) those of the previous interval, read without waiting for the GPU
         (:class:`~falconet.training.log_reads.LaggedReads`), so the losses shown and the
-        ``nan_patience`` check lag by one ``log_interval``; the epoch's last read is exact."""
-        values = torch.cat([sums, good[None].to(sums.dtype), worst[None].to(sums.dtype)])
-        host = self._log_reads.read(values, now=now)
+        ``nan_patience`` check lag by one ``log_interval``; the epoch's last read is exact.
+        ``also`` (a device scalar, the epoch's last read: :meth:`_weights_finite`) is read in
+        the same transfer and kept in ``_weights_were_finite``."""
+        extra = [good[None].to(sums.dtype), worst[None].to(sums.dtype)]
+        if also is not None:
+            extra.append(also[None].to(sums.dtype))
+        host = self._log_reads.read(torch.cat([sums, *extra]), now=now)
         if host is None:  # the epoch's first interval: nothing read yet
             return
+        if also is not None:
+            self._weights_were_finite = bool(host.pop())
         count, worst_run = host[-2], int(host[-1])
         if worst_run >= self.cfg.nan_patience:
             raise TrainingDiverged(
@@ -260,11 +273,18 @@ class Trainer:
             logged["gpu_mem"] = f"{torch.cuda.max_memory_reserved(device) / 2**30:.1f}G"
         self.state.logged = logged
 
-    def _check_weights_finite(self) -> None:
+    def _weights_finite(self) -> torch.Tensor:
+        """Whether every weight is finite, as a device scalar (no wait): each tensor's largest
+        magnitude (NaN where it holds one) in a few foreach kernels. Queued at the epoch's
+        last batch and read with its last log read: the GPU's queue is drained once at an
+        epoch's end, not twice, and the host has less to do once it is empty (the GPU waits
+        for the host from that read to the next epoch's first launch)."""
         params = [p.detach() for p in self.run.model.parameters()]
-        # each tensor's largest magnitude (NaN where it holds one) in a few foreach kernels
         largest = [n.float() for n in torch._foreach_norm(params, math.inf)]
-        if not torch.isfinite(torch.stack(largest).sum()):
+        return torch.isfinite(torch.stack(largest).sum())
+
+    def _refuse_non_finite_weights(self) -> None:
+        if not self._weights_were_finite:
             raise TrainingDiverged(
                 f"the weights became NaN or infinite in epoch {self.progress.epoch + 1}; "
                 f"stopped without saving them. The last good checkpoint is "
