@@ -19,9 +19,13 @@ for the compiled kernel on a GPU).
 from __future__ import annotations
 
 import importlib.util
+import logging
+import threading
 from functools import cache
 
 import torch
+
+log = logging.getLogger("falconet.data")
 
 BLOCK = 512
 """Output pixels per program."""
@@ -38,6 +42,50 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and _has_triton()
 
 
+_compiling: threading.Thread | None = None
+"""The thread of :func:`compile_in_background`, until a render has waited for it."""
+
+
+def compile_in_background(device: torch.device, size: int) -> None:
+    """Compile the kernel for a run's ``size`` (and a store of that size) on a thread of its
+    own, while the run starts up (the GPU cache fills, the network is built): the first batch
+    then finds it compiled. The compilation begins with Triton hashing its own files to key
+    its cache, a fixed cost in every process, on or off the disk cache; the hashing and the
+    file reads release the GIL."""
+    global _compiling
+    if not available(device) or _compiling is not None:
+        return
+    from falconet.data.gpu_render_kernels import render  # imported here, on the caller's thread
+
+    def compile_() -> None:
+        try:
+            with torch.cuda.device(device):
+                render.warmup(
+                    torch.uint8,  # pixels
+                    torch.int64,  # tiles
+                    torch.float32,  # inverse
+                    torch.uint8,  # tables
+                    torch.uint8,  # out
+                    0.0,  # grey
+                    size=size,
+                    slot=size,
+                    BLOCK=BLOCK,
+                    grid=(1, 1),
+                )
+        except Exception as exc:  # the first render compiles instead, and raises what fails
+            log.debug("the render kernel did not compile ahead of the first batch: %s", exc)
+
+    _compiling = threading.Thread(target=compile_, name="falconet-render-compile", daemon=True)
+    _compiling.start()
+
+
+def _wait_for_compilation() -> None:
+    global _compiling
+    if _compiling is not None:
+        _compiling.join()
+        _compiling = None
+
+
 def render_fused(
     pixels: torch.Tensor,
     tiles: torch.Tensor,
@@ -50,6 +98,7 @@ def render_fused(
     the plans' ``tiles [B, 4, 7]``, ``inverse [B, 2, 3]``, ``tables [B, 3, 256]``."""
     from falconet.data.gpu_render_kernels import render
 
+    _wait_for_compilation()  # one compilation, not two at once
     batch = tiles.shape[0]
     out = torch.empty(batch, size, size, 3, dtype=torch.uint8, device=pixels.device)
     if batch:
@@ -60,9 +109,9 @@ def render_fused(
             inverse.float().contiguous(),
             tables.contiguous(),
             out,
-            size,
-            pixels.shape[1],
             float(grey),
+            size=size,
+            slot=pixels.shape[1],
             BLOCK=BLOCK,
         )
     return out.permute(0, 3, 1, 2)  # NHWC memory: the channels_last view

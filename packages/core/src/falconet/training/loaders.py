@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from falconet.data import gpu_render
 from falconet.data.gpu_cache import STORE_SHARE, Filled, fill_store, store_bytes, store_fits
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, build_loader
@@ -106,6 +107,7 @@ def fill_gpu_cache(
             "use cache=ram"
         )
     start = time.perf_counter()
+    gpu_render.compile_in_background(device, cfg.imgsz)  # while the store fills
     filled = fill_store(gpu_shard(train_samples(cfg, dataset), world), cfg.imgsz, device)
     log.info(
         "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)%s",
