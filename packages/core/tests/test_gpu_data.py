@@ -138,23 +138,38 @@ def test_the_gpu_loader_resumes_mid_epoch_and_shards_like_the_cpu_loader(tmp_pat
         assert ids[0] == ids[1] and len(ids[0]) == 2  # 5 per rank, 2 skipped
 
 
-def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_path, caplog):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="nvJPEG decodes on a CUDA device"
+            ),
+        ),
+    ],
+)
+def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(
+    tmp_path, caplog, device
+):
     samples = photos(tmp_path / "img", count=4)
-    broken = tmp_path / "img" / "broken.jpg"
+    broken, empty = tmp_path / "img" / "broken.jpg", tmp_path / "img" / "empty.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    samples.append(
-        Sample(broken, 99, 200, 100, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
-    )
+    empty.write_bytes(b"")
+    no_boxes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+    samples += [Sample(broken, 99, 200, 100, *no_boxes), Sample(empty, 98, 200, 100, *no_boxes)]
     with caplog.at_level(logging.WARNING, logger="falconet.data"):
-        filled = fill_store(samples, SIZE, torch.device("cpu"))
+        filled = fill_store(samples, SIZE, torch.device(device))
     assert [s.image_id for s in filled.samples] == [0, 1, 2, 3]
-    assert filled.left_out == [str(broken)] and filled.on_cpu == 4 and filled.on_gpu == 0
-    assert "1 image(s) could not be decoded and are left out" in caplog.text
+    assert filled.left_out == [str(broken), str(empty)]
+    assert (filled.on_gpu, filled.on_cpu) == ((4, 0) if device == "cuda" else (0, 4))
+    assert "2 image(s) could not be decoded and are left out" in caplog.text
     ram = DetectionDataset(samples[:4], SIZE, cache="ram")
     for i, sample in enumerate(filled.samples):
         h, w = filled.store.shapes[i]
         assert (h, w) == resized_shape(sample, SIZE) == ram._ram[i].shape[:2]
-        stored = filled.store.pixels[i, :h, :w].int()
+        stored = filled.store.pixels[i, :h, :w].int().cpu()
         # torch's area resampling is not OpenCV's INTER_AREA, by a level or two on average
         assert (stored - torch.from_numpy(ram._ram[i]).int()).abs().float().mean() < 3
         assert not filled.store.pixels[i, h:].any() and not filled.store.pixels[i, :, w:].any()

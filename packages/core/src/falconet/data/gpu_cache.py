@@ -143,19 +143,32 @@ def _decode_jpegs_on_gpu(
     threads: int,
 ) -> int:
     """nvJPEG for the JPEG files, in batches; a batch nvJPEG refuses is retried file by file,
-    and a file it refuses alone is left to the CPU decoder."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
+    and a file it refuses alone is left to the CPU decoder. The files of the next batch are
+    read while a batch decodes, and those of the first while torchvision imports (the import
+    holds the GIL, a file read does not)."""
     jpegs = [i for i, s in enumerate(samples) if s.image.suffix.lower() in JPEG_SUFFIXES]
+    chunks = [jpegs[start : start + DECODE_BATCH] for start in range(0, len(jpegs), DECODE_BATCH)]
     count = 0
 
-    def read(i: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(samples[i].image.read_bytes()), dtype=torch.uint8)
+    def read_file(i: int) -> bytes | None:
+        try:
+            return samples[i].image.read_bytes()
+        except OSError:  # left to the CPU decoder, which leaves it out with the others
+            return None
 
     with ThreadPoolExecutor(threads) as pool:
-        for start in range(0, len(jpegs), DECODE_BATCH):
-            chunk = jpegs[start : start + DECODE_BATCH]
-            data = list(pool.map(read, chunk))
+        reading = [pool.submit(read_file, i) for i in chunks[0]] if chunks else []
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        for k, chunk in enumerate(chunks):
+            read = [(i, done.result()) for i, done in zip(chunk, reading, strict=True)]
+            reading = (
+                [pool.submit(read_file, i) for i in chunks[k + 1]] if k + 1 < len(chunks) else []
+            )
+            chunk = [i for i, b in read if b]  # an empty or unreadable file: the CPU decoder's
+            data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for _, b in read if b]
+            if not data:
+                continue
             try:
                 images = decode_jpeg(
                     data, mode=ImageReadMode.RGB, device=pixels.device, apply_exif_orientation=True
