@@ -19,6 +19,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
   the host wait for a batch and the device's first-use costs are told apart (those batches
   only: the synchronizes change nothing later);
 * ``log``: the trainer's log lines with their times, which split ``trainer`` further;
+* ``first_imports``: for each of the heavy modules a run may import (torchvision,
+  ``torch._dynamo``, Triton, ...), when its first import started, how long the module took to
+  execute (its own imports included), on which thread, and the frames that imported it;
 * ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
   construction and of ``fit``'s start up to the first batch's end;
 * ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
@@ -103,6 +106,66 @@ def _probe_workers(pids: list[int], after: float) -> None:
         sys.stderr.flush()
         os.kill(pid, signal.SIGUSR1)
         time.sleep(0.2)
+
+
+HEAVY_IMPORTS = (
+    "torchvision",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.distributed.fsdp",
+    "triton",
+    "triton.language",
+    "cv2",
+    "scipy",
+    "pycocotools",
+    "matplotlib",
+    "transformer_engine",
+)  # fmt: skip
+
+
+class _FirstImports:
+    """A finder that times the first import of each of :data:`HEAVY_IMPORTS`: it finds the
+    module as the path finder would and wraps its loader's ``exec_module``."""
+
+    def __init__(self, origin: float) -> None:
+        self.origin = origin
+        self.seen: dict[str, dict | None] = {}
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+        import traceback
+
+        if name not in HEAVY_IMPORTS or name in self.seen:
+            return None
+        # not marked seen yet: importlib.util.find_spec asks the finders without importing
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno}:{f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if "importlib" not in f.filename and f.filename != __file__
+        ]
+        run, seen, origin = spec.loader.exec_module, self.seen, self.origin
+
+        def exec_module(module) -> None:
+            seen[name] = None
+            start = time.time()
+            try:
+                run(module)
+            finally:
+                seen[name] = {
+                    "start_s": round(start - origin, 3),
+                    "seconds": round(time.time() - start, 3),
+                    "thread": threading.current_thread().name,
+                    "from": frames[-4:],
+                }
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+    def found(self) -> dict[str, dict]:
+        return {k: v for k, v in self.seen.items() if v is not None}
 
 
 class _Timeline:
@@ -195,6 +258,8 @@ def child(args) -> None:
     timeline_start = SPAWNED - origin
     import logging
 
+    imports = _FirstImports(origin)
+    sys.meta_path.insert(0, imports)
     import torch
 
     from falconet.plugins import get_plugins
@@ -251,6 +316,7 @@ def child(args) -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "log": timeline.log,
+        "first_imports": imports.found(),
         "epoch_end_s": [  # from an epoch's last batch (synchronized) to the next one's start
             round(start - end, 3)
             for end, start in zip(timeline.last_batch_ends, timeline.epoch_starts[1:], strict=False)
