@@ -150,9 +150,7 @@ def test_the_gpu_loader_resumes_mid_epoch_and_shards_like_the_cpu_loader(tmp_pat
         ),
     ],
 )
-def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(
-    tmp_path, caplog, device
-):
+def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_path, caplog, device):
     samples = photos(tmp_path / "img", count=4)
     broken, empty = tmp_path / "img" / "broken.jpg", tmp_path / "img" / "empty.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")

@@ -64,8 +64,15 @@ def _read(pixels, at, found, grey):
 
 @triton.jit
 def render(
-    pixels, tiles, inverse, tables, out, grey, size: tl.constexpr, slot: tl.constexpr,
-    BLOCK: tl.constexpr
+    pixels,
+    tiles,
+    inverse,
+    tables,
+    out,
+    grey,
+    size: tl.constexpr,
+    slot: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # size and slot are compile-time constants (one compilation a run): each pixel's row and
     # column, and the store's offsets, are then divisions and products by constants, which
