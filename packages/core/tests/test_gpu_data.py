@@ -229,6 +229,31 @@ def test_the_fused_kernel_renders_what_the_torch_reference_renders(tmp_path):
     assert mean < 1e-3 and above_one < 1e-4 and largest <= 8
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel compiles for a CUDA device")
+def test_the_kernel_compiled_ahead_renders_what_the_torch_reference_renders(tmp_path, caplog):
+    from falconet.data import gpu_render
+    from falconet.data.gpu_augment import render
+    from falconet.data.transforms import PAD_VALUE
+
+    size, device = 64, torch.device("cuda")
+    dataset = DetectionDataset(
+        photos(tmp_path / "img", count=6), size, augment=AugmentConfig(mosaic=0.5), seed=2
+    )
+    filled = fill_store(dataset.samples, size, device)
+    with caplog.at_level(logging.DEBUG, logger="falconet.data"):
+        gpu_render.compile_in_background(device, size)
+        gpu_render._wait_for_compilation()
+    assert "did not compile" not in caplog.text  # the warm-up's arguments are the kernel's
+    loader = GpuLoader(dataset, filled.store, 3, seed=2)
+    plan, _ = loader.host_part(next(iter(loader.batch_sampler)))
+    plan = plan.to(device)
+    fused = gpu_render.render_fused(
+        filled.store.pixels, plan.tiles, plan.inverse, plan.tables, size, PAD_VALUE
+    )
+    diff = (render(filled.store, plan, size, fused=False).int() - fused.int()).abs().float()
+    assert diff.mean() < 1e-3 and diff.max() <= 8  # as in the interpreter's comparison above
+
+
 @pytest.mark.parametrize(("count", "world"), [(10, 1), (10, 3), (9, 3), (2, 4)])
 def test_ranks_hold_equal_shards_that_together_hold_every_image(tmp_path, count, world):
     from falconet.training.distributed import World

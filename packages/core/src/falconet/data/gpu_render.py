@@ -60,15 +60,17 @@ def compile_in_background(device: torch.device, size: int) -> None:
     def compile_() -> None:
         try:
             with torch.cuda.device(device):
+                # the arguments' types, and the sizes themselves (Triton specialises an
+                # integer on its divisibility by 16): the key the first render looks up
                 render.warmup(
                     torch.uint8,  # pixels
                     torch.int64,  # tiles
                     torch.float32,  # inverse
                     torch.uint8,  # tables
                     torch.uint8,  # out
+                    size,
+                    size,  # the store's slot: the run's size (gpu_cache.fill_store)
                     0.0,  # grey
-                    size=size,
-                    slot=size,
                     BLOCK=BLOCK,
                     grid=(1, 1),
                 )
@@ -109,9 +111,9 @@ def render_fused(
             inverse.float().contiguous(),
             tables.contiguous(),
             out,
+            size,
+            pixels.shape[1],
             float(grey),
-            size=size,
-            slot=pixels.shape[1],
             BLOCK=BLOCK,
         )
     return out.permute(0, 3, 1, 2)  # NHWC memory: the channels_last view

@@ -63,21 +63,7 @@ def _read(pixels, at, found, grey):
 
 
 @triton.jit
-def render(
-    pixels,
-    tiles,
-    inverse,
-    tables,
-    out,
-    grey,
-    size: tl.constexpr,
-    slot: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # size and slot are compile-time constants (one compilation a run): each pixel's row and
-    # column, and the store's offsets, are then divisions and products by constants, which
-    # compile to multiplications and shifts; a division by a run-time integer is a long
-    # sequence of instructions, and this kernel does little else than arithmetic per byte
+def render(pixels, tiles, inverse, tables, out, size, slot, grey, BLOCK: tl.constexpr):
     b = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < size * size
