@@ -38,6 +38,8 @@
 #   profile falconet train ... profile=true profile_then_stop=true (falconet-profiler): 40
 #           batches of yolo-n on COCO128 with profile_keys (cache=gpu batch=16); the report in
 #           the log, profile.json as the result
+#   fp8sweep  tools/fp8_crossover.py (with_te=1): FP8 against bf16, one product at a time,
+#           by rows and width; fp8sweep_args adds arguments (e.g. --recipes current)
 #   tests   pytest on tests_paths (the working tree's, with the side's packages): the GPU-only
 #           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
 # A job may name a set of settings, name@set:side (e.g. "step@detr:b"): each setting the job
@@ -144,6 +146,9 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
         --arms "${overfit_arms:-$ws:amp_dtype=fp16}" --repeats 1 --measures overfit \
         --overfit-epochs "${overfit_epochs:-30}" --gpus "${overfit_gpus:-0}" --timeout "${overfit_timeout:-500}" \
         --out "$out" ;;
+    fp8sweep)
+      # shellcheck disable=SC2086  # fp8sweep_args: several arguments
+      timeout "${fp8sweep_timeout:-300}" python fp8_crossover.py ${fp8sweep_args:-} --out "$out" ;;
     tests)
       # shellcheck disable=SC2086  # tests_paths: several paths
       (cd "$root" && timeout "${tests_timeout:-200}" python -m pytest -q -p no:cacheprovider \
