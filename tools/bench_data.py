@@ -14,7 +14,9 @@ with the GPU at its end, and the CPU cores the process kept busy meanwhile (proc
 over wall time, loader threads and workers included); and the render alone, the fused
 Triton kernel against the torch operations it fuses (median ms per batch over 20 batches of
 the same plans, CUDA events, after 3 warm-up renders; the largest and mean difference
-between the two in levels). ``--out`` writes the results as JSON.
+between the two in levels); with ``--render-configs``, the fused kernel alone at each launch
+shape (pixels per program x warps), and whether its images equal the default shape's.
+``--out`` writes the results as JSON.
 
     uv run python tools/bench_data.py ../shared/data/coco128/coco128.yaml
     python tools/bench_data.py .data/coco128/coco128.yaml --gpu --gpu-batches 16,64 --out d.json
@@ -181,6 +183,43 @@ def render_times(loader, batch: int, count: int = 20) -> dict[str, float]:
     return result
 
 
+def render_config_times(loader, configs: list[tuple[int, int]], count: int = 20) -> dict:
+    """The fused kernel alone at each launch shape ``(block, num_warps)``: the median
+    milliseconds over ``count`` batches' plans, and whether its images equal the default's."""
+    from falconet.data import gpu_render
+    from falconet.data.transforms import PAD_VALUE
+
+    loader.batch_sampler.set_epochs(0, 1000)
+    keys = iter(loader.batch_sampler)
+    plans = [loader.host_part(next(keys))[0].to(loader.device) for _ in range(count)]
+    size, pixels = loader.dataset.imgsz, loader.store.pixels
+
+    def run(plan, block, warps):
+        return gpu_render.render_fused(
+            pixels, plan.tiles, plan.inverse, plan.tables, size, PAD_VALUE,
+            block=block, num_warps=warps,
+        )  # fmt: skip
+
+    result = {}
+    for block, warps in configs:
+        for plan in plans[:3]:
+            run(plan, block, warps)  # compiled and warm
+        times = []
+        for plan in plans:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(plan, block, warps)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        same = all(
+            torch.equal(run(p, block, warps), run(p, gpu_render.BLOCK, gpu_render.NUM_WARPS))
+            for p in plans[:4]
+        )
+        result[f"{block}x{warps}"] = {"ms": round(statistics.median(times), 4), "same": same}
+    return result
+
+
 def gpu_section(args, samples) -> dict:
     """cache=gpu against cache=ram (module docstring)."""
     from falconet.data.gpu_cache import fill_store
@@ -222,6 +261,9 @@ def gpu_section(args, samples) -> dict:
         cpu = timed_epochs(loader, args.epochs, None)
         stop_workers(loader)
         rendered = render_times(GpuLoader(train, store, batch), batch)
+        if args.render_configs:
+            configs = [tuple(map(int, c.split("x"))) for c in args.render_configs.split(",")]
+            rendered["configs"] = render_config_times(GpuLoader(train, store, batch), configs)
         result["batches"][batch] = {
             "gpu": gpu,
             f"ram_{args.gpu_workers}_workers": cpu,
@@ -247,6 +289,11 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="also cache=gpu (needs CUDA)")
     parser.add_argument("--gpu-batches", default="16,64")
     parser.add_argument("--gpu-workers", type=int, default=8)
+    parser.add_argument(
+        "--render-configs",
+        default="",
+        help="with --gpu: the render kernel alone at each BLOCKxWARPS, e.g. 512x4,1024x8",
+    )
     parser.add_argument("--cpu-table", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out")
     args = parser.parse_args()

@@ -26,7 +26,8 @@
 #           syncs_model (yolo-n) at syncs_imgsz (640), syncs_batches (16), syncs_amp (bf16),
 #           syncs_graphs (eager)
 #   data    tools/bench_data.py --gpu: cache=gpu's fill and loader rate against cache=ram with
-#           8 workers, at data_batches (16,64)
+#           8 workers, at data_batches (16,64); data_args adds arguments (e.g.
+#           --render-configs 512x4,1024x8: the render kernel alone by launch shape)
 #   checkpoint  tools/bench_checkpoint.py, fp16 whole-step at batch 16 (a side that has it)
 #   ddp     tools/bench_ddp.py: end to end at world size 1 and ddp_gpus, ddp_batches per GPU,
 #           ddp_arms (graph=auto and graph=eager by default); ddp_args adds --kill, --overfit-epochs
@@ -159,8 +160,9 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
         --batch "${syncs_batches:-16}" --amp "${syncs_amp:-bf16}" \
         --graph "${syncs_graphs:-eager}" --repeats 5 --out "$out" ;;
     data)
+      # shellcheck disable=SC2086  # data_args: several arguments
       timeout "${data_timeout:-200}" python bench_data.py "$data/coco128.yaml" --gpu \
-        --gpu-batches "${data_batches:-16,64}" --no-cpu-table --out "$out" ;;
+        --gpu-batches "${data_batches:-16,64}" --no-cpu-table ${data_args:-} --out "$out" ;;
     autobatch)
       timeout "${autobatch_timeout:-400}" python bench_autobatch.py --data "$data" \
         --arms "${autobatch_arms:-batch=-1;batch=0.5}" --graphs "${autobatch_graphs:-auto,eager}" \

@@ -30,6 +30,9 @@ log = logging.getLogger("falconet.data")
 BLOCK = 512
 """Output pixels per program."""
 
+NUM_WARPS = 4
+"""Warps per program (Triton's default)."""
+
 
 @cache
 def _has_triton() -> bool:
@@ -72,6 +75,7 @@ def compile_in_background(device: torch.device, size: int) -> None:
                     size,  # the store's slot: the run's size (gpu_cache.fill_store)
                     0.0,  # grey
                     BLOCK=BLOCK,
+                    num_warps=NUM_WARPS,
                     grid=(1, 1),
                 )
         except Exception as exc:  # the first render compiles instead, and raises what fails
@@ -95,16 +99,20 @@ def render_fused(
     tables: torch.Tensor,
     size: int,
     grey: int,
+    *,
+    block: int = BLOCK,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:
     """``[B, 3, size, size]`` uint8 channels_last from the store's ``pixels [n, S, S, 3]`` and
-    the plans' ``tiles [B, 4, 7]``, ``inverse [B, 2, 3]``, ``tables [B, 3, 256]``."""
+    the plans' ``tiles [B, 4, 7]``, ``inverse [B, 2, 3]``, ``tables [B, 3, 256]``; ``block``
+    and ``num_warps``, the launch's shape, for tools/bench_data.py's comparison of them."""
     from falconet.data.gpu_render_kernels import render
 
     _wait_for_compilation()  # one compilation, not two at once
     batch = tiles.shape[0]
     out = torch.empty(batch, size, size, 3, dtype=torch.uint8, device=pixels.device)
     if batch:
-        grid = (-(-size * size // BLOCK), batch)
+        grid = (-(-size * size // block), batch)
         render[grid](
             pixels,
             tiles.contiguous(),
@@ -114,6 +122,7 @@ def render_fused(
             size,
             pixels.shape[1],
             float(grey),
-            BLOCK=BLOCK,
+            BLOCK=block,
+            num_warps=num_warps,
         )
     return out.permute(0, 3, 1, 2)  # NHWC memory: the channels_last view
