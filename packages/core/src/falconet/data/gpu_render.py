@@ -27,11 +27,12 @@ import torch
 
 log = logging.getLogger("falconet.data")
 
-BLOCK = 512
+BLOCK = 256
 """Output pixels per program."""
 
-NUM_WARPS = 4
-"""Warps per program (Triton's default)."""
+NUM_WARPS = 8
+"""Warps per program: with :data:`BLOCK`, one pixel per thread. The fastest of seven launch
+shapes on the H200 (tools/bench_data.py --render-configs; docs/data.md)."""
 
 
 @cache
