@@ -1,0 +1,56 @@
+"""Tools that report where time goes, on what they record: bench_startup.py's first imports and
+fp8_crossover.py's shapes and table (their GPU runs are in docs/bench-results/)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+
+def test_the_first_import_of_a_heavy_module_is_timed_with_its_thread_and_importer(
+    load_tool, tmp_path, monkeypatch
+):
+    bench_startup = load_tool("bench_startup")
+    (tmp_path / "heavy_for_the_test.py").write_text("import time\ntime.sleep(0.05)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(bench_startup, "HEAVY_IMPORTS", ("heavy_for_the_test",))
+    imports = bench_startup._FirstImports(origin=0.0)
+    monkeypatch.setattr(sys, "meta_path", [imports, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "heavy_for_the_test", raising=False)
+
+    def importer():
+        import heavy_for_the_test  # noqa: F401
+
+    thread = threading.Thread(target=importer, name="the-importer")
+    thread.start()
+    thread.join()
+    ((name, seen),) = imports.found().items()
+    assert name == "heavy_for_the_test" and seen["thread"] == "the-importer"
+    assert seen["seconds"] >= 0.05 and seen["start_s"] > 0
+    assert any("importer" in frame for frame in seen["from"])
+
+
+@pytest.fixture(scope="module")
+def fp8_crossover(load_tool):
+    return load_tool("fp8_crossover")
+
+
+def test_the_crossover_grid_has_square_widths_and_the_feed_forward_pairs(fp8_crossover):
+    assert fp8_crossover.shapes([256, 2048], ffn_up_to=1024) == [
+        (256, 256),
+        (2048, 2048),
+        (256, 1024),
+        (1024, 256),
+    ]
+
+
+def test_the_crossover_table_has_a_cell_per_rows_and_a_dash_where_none_ran(fp8_crossover):
+    results = [
+        {"recipe": "current", "rows": 4096, "in": 256, "out": 256, "speedup": 0.83},
+        {"recipe": "delayed", "rows": 4096, "in": 256, "out": 256, "speedup": 0.95},
+    ]
+    lines = fp8_crossover.table(results, "current", [4096, 16384]).splitlines()
+    assert lines[1] == "| in -> out | 4,096 rows | 16,384 rows |"
+    assert lines[3] == "| 256 -> 256 | 0.83 | - |"
