@@ -19,6 +19,7 @@ from falconet.training.checkpoint import (
     save_atomic,
 )
 from falconet.training.host_snapshot import PinnedSnapshot
+from falconet_testing.devices import cpu_and_cuda
 
 
 def test_a_crash_during_a_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -128,18 +129,7 @@ def test_gpu_snapshot_keeps_layouts_reuses_its_buffers_and_files_hold_their_sect
     assert torch.equal(loaded["conv"], conv.cpu()) and int(loaded["tracked"]) == 3
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="the pinned copies need a CUDA GPU"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("device", cpu_and_cuda("the pinned copies need a CUDA GPU"))
 def test_background_write_holds_the_state_of_submit_time(tmp_path, monkeypatch, device):
     """A slow disk: the write starts only after training has changed the weights in place.
     The file must still hold the weights as they were when the epoch ended (on a GPU, the

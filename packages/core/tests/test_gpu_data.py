@@ -24,6 +24,7 @@ from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, build_loader, collate_targets, resized_shape
 from falconet.data.records import DataError, Sample
 from falconet.data.transforms import AugmentConfig
+from falconet_testing.devices import cpu_and_cuda
 
 SIZE = 192
 
@@ -138,18 +139,7 @@ def test_the_gpu_loader_resumes_mid_epoch_and_shards_like_the_cpu_loader(tmp_pat
         assert ids[0] == ids[1] and len(ids[0]) == 2  # 5 per rank, 2 skipped
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="nvJPEG decodes on a CUDA device"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("device", cpu_and_cuda("nvJPEG decodes on a CUDA device"))
 def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_path, caplog, device):
     samples = photos(tmp_path / "img", count=4)
     broken, empty = tmp_path / "img" / "broken.jpg", tmp_path / "img" / "empty.jpg"
