@@ -22,15 +22,19 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``first_imports``: for each of the heavy modules a run may import (torchvision,
   ``torch._dynamo``, Triton, ...), when its first import started, how long the module took to
   execute (its own imports included), on which thread, and the frames that imported it;
-* ``profiles``: the busiest functions (``cProfile``, cumulative time) of the trainer's
-  construction and of ``fit``'s start up to the first batch's end;
+* ``profiles`` (with ``--profile`` only): the busiest functions (``cProfile``, cumulative
+  time) of the trainer's construction and of ``fit``'s start up to the first batch's end.
+  ``cProfile`` slows the training thread's Python (the imports most: they are calls), so a
+  profiled run's points are not the run's own; the timed runs are unprofiled by default;
+* ``imports_off_main``: every module a thread other than the main one imported first, with
+  the thread and when (two threads importing at once is where import locks can deadlock);
 * ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
   (synchronized) to the validation's end (prediction, postprocessing, the COCO evaluation;
-  the second one is in the epoch end's profile below);
+  the second one is in the epoch end's profile below, with ``--profile``);
 * ``epoch_end_s``: each epoch's end, from its last batch (synchronized) to the next epoch's
-  start (validation, the epoch's row, callbacks, the checkpoint's snapshot), and the second
-  one's profile in ``profiles`` (one profiler at a time: Python 3.12 allows no more; there it
-  also covers other threads, such as the checkpoint writer's);
+  start (validation, the epoch's row, callbacks, the checkpoint's snapshot), and with
+  ``--profile`` the second one's profile in ``profiles`` (one profiler at a time: Python 3.12
+  allows no more; there it also covers other threads, such as the checkpoint writer's);
 * ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
   has returned (left to the exit, or stopped by the trainer);
 * ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
@@ -130,11 +134,16 @@ class _FirstImports:
     def __init__(self, origin: float) -> None:
         self.origin = origin
         self.seen: dict[str, dict | None] = {}
+        self.off_main: list[dict] = []  # every first import on a thread but the main one
 
     def find_spec(self, name, path=None, target=None):
         import importlib.machinery
         import traceback
 
+        thread = threading.current_thread()
+        if thread is not threading.main_thread():
+            when = round(time.time() - self.origin, 3)
+            self.off_main.append({"name": name, "thread": thread.name, "start_s": when})
         if name not in HEAVY_IMPORTS or name in self.seen:
             return None
         # not marked seen yet: importlib.util.find_spec asks the finders without importing
@@ -171,7 +180,9 @@ class _FirstImports:
 class _Timeline:
     """Callbacks and a phase timer that stamp a run's milestones on the wall clock."""
 
-    def __init__(self, origin: float, synchronize, phase_batches: int) -> None:
+    def __init__(
+        self, origin: float, synchronize, phase_batches: int, profiling: bool = False
+    ) -> None:
         self.origin, self.synchronize = origin, synchronize
         self.points: dict[str, float] = {}
         self.epoch_ends: list[float] = []
@@ -183,6 +194,8 @@ class _Timeline:
         self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
         self.validations: list[float] = []  # each validation's end
         self.epoch_starts: list[float] = []  # each epoch's start (before its first batch)
+        self.profiling = profiling  # cProfile on: the construction, the first batch, an end
+        self.profile = cProfile.Profile()  # fit's start to the first batch's end
         self.end_profile = cProfile.Profile()  # the second epoch's end, validation included
         self.end_profiled = False
         self.log: list[tuple[float, str]] = []
@@ -212,15 +225,15 @@ class _Timeline:
     def on_epoch_start(self, run) -> None:
         self.batches_in_epoch = 0
         self.epoch_starts.append(self.now())
-        if len(self.epoch_starts) == 3:  # the second epoch's end is over
+        if len(self.epoch_starts) == 3 and self.profiling:  # the second epoch's end is over
             self.end_profile.disable()
             self.end_profiled = True
 
     def on_train_start(self, run) -> None:
         self.mark("fit_start")
         run.phases.use(self.phase)
-        self.profile = cProfile.Profile()
-        self.profile.enable()
+        if self.profiling:
+            self.profile.enable()
 
     def on_step_end(self, run) -> None:
         if "first_batch" not in self.points:
@@ -231,7 +244,7 @@ class _Timeline:
         if self.batches_in_epoch == run.batches_per_epoch:
             self.synchronize()
             self.last_batch_ends.append(self.now())  # the epoch's batches done: validation next
-            if len(self.last_batch_ends) == 2:
+            if len(self.last_batch_ends) == 2 and self.profiling:
                 self.end_profile.enable()
         if len(self.phases) == self.phase_batches:
             run.phases.reset()  # those batches only
@@ -269,7 +282,7 @@ def child(args) -> None:
     plugins = get_plugins()
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else lambda: None
-    timeline = _Timeline(origin, sync, args.phase_batches)
+    timeline = _Timeline(origin, sync, args.phase_batches, args.profile)
     timeline.points["python"] = round(timeline_start, 3)
     timeline.mark("imports")
 
@@ -300,7 +313,8 @@ def child(args) -> None:
     # on SIGUSR1 a process dumps its threads' stacks; the loader's workers inherit it
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     building = cProfile.Profile()
-    building.enable()
+    if args.profile:
+        building.enable()
     trainer = Trainer(plan, plugins, [timeline])
     building.disable()
     timeline.mark("trainer")
@@ -317,6 +331,7 @@ def child(args) -> None:
         "torch": torch.__version__,
         "log": timeline.log,
         "first_imports": imports.found(),
+        "imports_off_main": imports.off_main,
         "epoch_end_s": [  # from an epoch's last batch (synchronized) to the next one's start
             round(start - end, 3)
             for end, start in zip(timeline.last_batch_ends, timeline.epoch_starts[1:], strict=False)
@@ -329,7 +344,9 @@ def child(args) -> None:
             "trainer": _top(building),
             "first_batch": _top(timeline.profile),
             "epoch_end": _top(timeline.end_profile) if timeline.end_profiled else None,
-        },
+        }
+        if args.profile
+        else {},
     }
     workers = timeline.workers
     result["workers_alive_after_fit"] = sum(map(_alive, workers))
@@ -349,6 +366,7 @@ def measure(args, arm: str, tmp: Path) -> dict:
     options = ("data", "model", "epochs", "batch", "imgsz", "workers", "stacks_after")
     for option in (*options, "phase_batches"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    command += ["--profile"] if args.profile else []
     command += ["--tmp", str(tmp)]
     stderr_path = tmp / f"stderr-{spawned:.0f}.txt"
     with stderr_path.open("w") as stderr:
@@ -404,6 +422,11 @@ def main() -> None:
     parser.add_argument("--stacks-after", type=float, default=5.0)
     parser.add_argument("--phase-batches", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the construction, the first batch and an epoch's end (slows them)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--spawned", type=float, help=argparse.SUPPRESS)

@@ -26,6 +26,7 @@ that does not know an op calls it through, as modes do for every torch function.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -180,19 +181,22 @@ def _layout(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-_RANK_LOCAL = [False]  # inside rank_local(): a loss sees one process (an autobatch probe)
+_RANK_LOCAL = threading.local()  # .on inside rank_local(), on the thread that entered it
 
 
 @contextlib.contextmanager
 def rank_local() -> Iterator[None]:
     """Inside, :func:`rank_sum` and :func:`world_size` see this process alone: for a step one
     rank runs while the others wait (autobatch's probe on rank 0), where a collective would
-    meet another collective on the other ranks."""
-    _RANK_LOCAL[0] = True
+    meet another collective on the other ranks, and for the start-up's copy of the network
+    (:mod:`falconet.training.first_use`). It holds for the thread that entered it alone:
+    the training thread's losses still see every rank meanwhile."""
+    outer = getattr(_RANK_LOCAL, "on", False)
+    _RANK_LOCAL.on = True
     try:
         yield
     finally:
-        _RANK_LOCAL[0] = False
+        _RANK_LOCAL.on = outer
 
 
 def rank_sum(x: torch.Tensor) -> torch.Tensor:
@@ -214,6 +218,6 @@ def world_size() -> int:
     :func:`rank_local`)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and not _RANK_LOCAL[0]:
+    if dist.is_available() and dist.is_initialized() and not getattr(_RANK_LOCAL, "on", False):
         return dist.get_world_size()
     return 1

@@ -21,7 +21,6 @@ from torch import nn
 from falconet import ops
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
-from falconet.data.targets import Targets
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
 from falconet.loss_scaler import LossScaler
 from falconet.plugins import Plugins
@@ -48,6 +47,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
+from falconet.training.first_use import first_use_beside, import_ahead, synthetic_batch
 from falconet.training.loaders import (
     build_loaders,
     fill_gpu_cache,
@@ -110,14 +110,21 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
     context = PrecisionContext(device, cfg.model_dump(), batch, cfg.imgsz, world.size)
     precision = choose_precision(cfg.amp_dtype, context, plugins)
+    model = None
+    if batch is not None:  # autobatch's probes use the GPU first instead
+        model = build_network(plan, len(dataset.names), precision, device)
+        synthetic = (batch, cfg.imgsz, synthetic_boxes(cfg, dataset), len(dataset.names))
+        loss_for = functools.partial(build_loss, plan, plugins)
+        with first_use_beside(model, loss_for, precision, synthetic, device):
+            import_ahead(imported_anyway(cfg))
     gpu_cache = fill_gpu_cache(cfg, dataset, device, world) if cfg.cache == "gpu" else None
-    if fraction is not None:  # after the GPU cache, whose memory the step cannot have
+    if model is None:  # after the GPU cache, whose memory the step cannot have
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
         cfg = cfg.model_copy(update={"batch": batch})
-    model = build_network(plan, len(dataset.names), precision, device)
+        model = build_network(plan, len(dataset.names), precision, device)
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
-    loss = plan.family.build_loss(model, plugins.assigners.get(cfg.assigner))
+    loss = build_loss(plan, plugins, model)
     train_loader, val_loader = build_loaders(cfg, dataset, device, world, gpu_cache)
     batches = train_loader.batch_sampler.batches_per_epoch
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
@@ -163,6 +170,24 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     )
 
 
+def build_loss(plan: Plan, plugins: Plugins, model: nn.Module) -> Any:
+    """The family's loss for ``model`` with the run's assigner."""
+    return plan.family.build_loss(model, plugins.assigners.get(plan.config.assigner))
+
+
+def synthetic_boxes(cfg: TrainConfig, dataset: Dataset) -> int:
+    """Boxes per image of a synthetic batch for this run (:func:`box_count`)."""
+    train = train_samples(cfg, dataset)
+    return box_count(sum(len(s.labels) for s in train) / max(len(train), 1), cfg.mosaic)
+
+
+def imported_anyway(cfg: TrainConfig) -> list[str]:
+    """The slow imports a run makes later anyway, made while the GPU's first use runs
+    (:mod:`falconet.training.first_use`): ``torch._dynamo``, which ``torch.optim``'s
+    ``add_param_group`` imports, and with ``cache=gpu`` torchvision, the cache's decoder."""
+    return ["torch._dynamo", *(["torchvision.io"] if cfg.cache == "gpu" else [])]
+
+
 def graph_context(
     plan: Plan,
     cfg: TrainConfig,
@@ -196,9 +221,7 @@ def autobatched(
     cfg = plan.config
     per_rank = None
     if world.main:
-        train = train_samples(cfg, dataset)
-        mean_boxes = sum(len(s.labels) for s in train) / max(len(train), 1)
-        boxes = box_count(mean_boxes, cfg.mosaic)
+        boxes = synthetic_boxes(cfg, dataset)
 
         def measure(batch: int) -> int | None:
             return peak_of(
@@ -206,7 +229,8 @@ def autobatched(
                 device,
             )
 
-        share_of_split = -(-len(train) // world.size)  # a larger batch has no more images
+        # a larger batch has no more images than the rank's share of the split
+        share_of_split = -(-len(train_samples(cfg, dataset)) // world.size)
         per_rank = timed_choice(measure, device, fraction, largest=share_of_split).batch
     per_rank = share(per_rank, device)
     return per_rank * world.size
@@ -234,7 +258,7 @@ def probe_step(
         model = build_network(plan, len(dataset.names), precision, device)
         parts = StepParts(
             model=model,
-            loss=plan.family.build_loss(model, plugins.assigners.get(cfg.assigner)),
+            loss=build_loss(plan, plugins, model),
             optimizer=build_optimizer(model, cfg, 1),
             precision=precision,
             scaler=precision.grad_scaler(device),
@@ -260,19 +284,6 @@ def probe_step(
         with torch.no_grad(), precision.autocast(device):
             outputs = network(torch.rand(2 * batch, 3, cfg.imgsz, cfg.imgsz, device=device))
             plan.family.postprocess(outputs, sizes, conf=0.001, multi_label=True)
-
-
-def synthetic_batch(
-    batch: int, size: int, boxes: int, classes: int, device: torch.device
-) -> tuple[torch.Tensor, Targets]:
-    """Random images ``[batch, 3, size, size]`` and ``boxes`` random boxes per image."""
-    generator = torch.Generator().manual_seed(0)
-    corners = torch.rand(batch, boxes, 2, 2, generator=generator) * size
-    xyxy = torch.cat((corners.amin(2), corners.amax(2) + 1.0), -1).clamp(max=size)
-    labels = torch.randint(0, classes, (batch, boxes), generator=generator)
-    counts = torch.full((batch,), boxes, dtype=torch.long)
-    targets = Targets.from_padded(xyxy, labels, counts).to(device)
-    return torch.rand(batch, 3, size, size, generator=generator).to(device), targets
 
 
 def load_training_data(cfg: TrainConfig) -> Dataset:
