@@ -17,6 +17,12 @@ has generators of its own), and its loss sees this process alone
 collective. The training thread queues no GPU work while the copy runs, so cuDNN times its
 algorithms on a GPU that runs nothing else. Only autocast backends are used this way: a
 backend that converts the network (FP8) keeps state per module that a copy would share.
+
+Two threads import at once here. Python's per-module import locks make that safe unless the
+modules the two import form a cycle between them. The copy's thread imports only what its
+forward and loss import lazily: for YOLO with ``tal``, the assigner's implementation
+(``falconet_detect.assigners.tal`` and ``.common``, ``imports_off_main`` in
+tools/bench_startup.py's results), which import nothing the training thread is importing.
 """
 
 from __future__ import annotations
