@@ -243,8 +243,11 @@ def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_fal
 
 def test_a_new_box_count_records_at_the_largest_slot_count_so_far(keys, installed_falconet_plugins):
     """Per box, the slots per image cost next to nothing, so a recording for a new batch box
-    count ``N`` takes the largest ``M`` recorded before: fewer recordings in a run."""
-    whole = run_for(keys, installed_falconet_plugins, EagerStepRecorder())
+    count ``N`` takes the largest ``M`` recorded before: fewer recordings in a run. A bucket
+    recorded as its eager batches ran it is ``trained`` (no warm-up pass needed); a widened
+    one is not."""
+    recorder = EagerStepRecorder()
+    whole = run_for(keys, installed_falconet_plugins, recorder)
     data = batches(whole, 12)
     few_slots = [b for b in data if Targets.from_batch(b).bucket[0] == 8][:3]
     assert len(few_slots) == 3
@@ -252,6 +255,7 @@ def test_a_new_box_count_records_at_the_largest_slot_count_so_far(keys, installe
     train(whole, few_slots, padded((8, 64)))  # a new N: recorded at (32, 64)
     step = whole.step
     assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 32), (32, 64)]
+    assert recorder.trained == [True, False]
     recorded, replayed = step.stats().recorded, step.stats().replayed
     train(whole, data[:2], padded((32, 64)))  # fits: no third recording
     assert step.stats().recorded == recorded == 2
@@ -531,9 +535,9 @@ def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, 
     end-to-end run)."""
 
     class SlowRecorder(EagerStepRecorder):
-        def micro(self, *args):
+        def micro(self, *args, **kwargs):
             time.sleep(0.05)
-            recording = super().micro(*args)
+            recording = super().micro(*args, **kwargs)
             recording.phases = {"warm-up (3)": 0.04, "capture": 0.01}  # as CudaStepRecorder's
             return recording
 
@@ -626,4 +630,35 @@ def test_a_bucket_recorded_after_the_update_hands_back_its_own_loss(
     step = whole.step
     assert step.stats().recorded >= 2 and step.stats().replayed >= 6  # (32, 64) after the update
     assert min(abs(x) for x in got) > 0.1
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_a_bucket_its_eager_batches_ran_is_recorded_without_a_pass_and_trains_as_eager(
+    keys, installed_falconet_plugins
+):
+    """A new target bucket at a recorded image shape, whose batches of exactly that bucket ran
+    on the eager step first, is captured with no warm-up pass; its replays give the eager
+    step's losses."""
+    from falconet_graphs_cuda.recording import CudaStepRecorder
+
+    plugins = installed_falconet_plugins
+    keys = {**keys, "device": "cuda:0", "amp_dtype": "fp32", "deterministic": "true"}
+    eager = run_for(keys, plugins)
+    whole = run_for(keys, plugins, CudaStepRecorder())
+    data = batches(eager, 12)
+    device = eager.device
+    plan = [(data[:6], (32, 32)), (data[6:], (32, 64))]
+    plan = [([{**b, "images": b["images"].to(device)} for b in part], b) for part, b in plan]
+
+    def on_device(bucket):
+        return lambda targets: targets.padded(bucket).to(device)
+
+    reference = [loss for part, bucket in plan for loss in train(eager, part, on_device(bucket))]
+    got = [loss for part, bucket in plan for loss in train(whole, part, on_device(bucket))]
+    recordings = next(iter(whole.step.micros.values()))
+    assert [r.bucket for r in recordings] == [(32, 32), (32, 64)]
+    assert [next(iter(r.phases)) for r in recordings] == ["warm-up (3)", "warm-up (0)"]
+    assert whole.step.stats().replayed >= 6
     torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)

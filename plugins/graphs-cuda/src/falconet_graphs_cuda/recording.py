@@ -191,6 +191,7 @@ class CudaStepRecorder:
         self.pool = torch.cuda.graph_pool_handle()
         self.side: torch.cuda.Stream | None = None  # warm-ups and captures, made at the first
         self.warmed: set[tuple] = set()  # image shapes a recording has warmed up at
+        self.held: tuple | None = None  # the last recording's loss and parts (their shapes)
 
     def _side(self, device: torch.device) -> torch.cuda.Stream:
         if self.side is None:
@@ -198,11 +199,36 @@ class CudaStepRecorder:
         self.side.wait_stream(torch.cuda.current_stream(device))
         return self.side
 
-    def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
+    def micro(
+        self,
+        step,
+        images: torch.Tensor,
+        targets: Targets,
+        bucket: tuple[int, ...],
+        *,
+        trained: bool = False,
+    ):
         """The forward + loss + backward of ``bucket`` recorded. Its warm-up runs ``warmup``
         passes at an image shape not recorded before and one at a shape that was (a new target
         bucket): the network's algorithms at that shape are chosen and its lazy state built,
-        and one pass builds what the loss's new target shapes need."""
+        and one pass builds what the loss's new target shapes need. With ``trained`` (the
+        step has already trained batches of exactly these shapes, eagerly, in this process)
+        a new bucket at a recorded image shape needs no pass: those batches built what its
+        loss needs. Should that capture fail all the same, it is recorded again after one
+        pass, so skipping the pass never costs the run its recordings."""
+        shape = (tuple(images.shape), images.stride(), images.dtype)
+        if shape not in self.warmed:
+            return self._record(step, images, targets, bucket, self.warmup)
+        if trained and self.held is not None:
+            # a capture that fails comes in many types; _record leaves the generator out of
+            # capture mode, and the bucket is recorded again below, after one pass
+            with contextlib.suppress(Exception):
+                return self._record(step, images, targets, bucket, 0)
+        return self._record(step, images, targets, bucket, 1)
+
+    def _record(self, step, images: torch.Tensor, targets: Targets, bucket, passes: int):
+        """:meth:`micro` after ``passes`` warm-up passes (none: the outputs' buffers are
+        shaped as the last recording's)."""
         device = images.device
         static_images = images.clone()
         static_targets = clone_targets(targets)
@@ -210,14 +236,16 @@ class CudaStepRecorder:
         buffers = [b.detach().clone() for b in network.buffers()]
         rng = torch.cuda.get_rng_state(device)
         shape = (tuple(images.shape), images.stride(), images.dtype)
-        passes = 1 if shape in self.warmed else self.warmup
         try:
             start = time.perf_counter()
             side = self._side(device)
-            with torch.cuda.stream(side), _no_autocast_cache(device.type):
-                for _ in range(passes):
-                    loss, parts = step.micro(static_images, static_targets, accumulate=False)
-            torch.cuda.current_stream(device).wait_stream(side)
+            if passes:
+                with torch.cuda.stream(side), _no_autocast_cache(device.type):
+                    for _ in range(passes):
+                        loss, parts = step.micro(static_images, static_targets, accumulate=False)
+                torch.cuda.current_stream(device).wait_stream(side)
+            else:
+                loss, parts = self.held  # a loss and its parts are scalars at every bucket
             warmed = time.perf_counter()
             # the outputs a replay hands back, outside the graphs' shared pool: a bucket recorded
             # after the update is replayed before it, and the update's temporaries, freed into
@@ -240,6 +268,7 @@ class CudaStepRecorder:
                 for buffer, saved in zip(network.buffers(), buffers, strict=True):
                     buffer.copy_(saved)
             torch.cuda.set_rng_state(rng, device)
+        self.held = (held_loss, held_parts)
         recording = CudaMicro(bucket, static_images, static_targets, held_loss, held_parts, graph)
         recording.phases = {f"warm-up ({passes})": warmed - start, "capture": captured - warmed}
         return recording
@@ -335,8 +364,18 @@ class EagerStepRecorder:
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.micros: list[EagerMicro] = []
+        self.trained: list[bool] = []  # each recording's ``trained``, as the step passed it
 
-    def micro(self, step, images: torch.Tensor, targets: Targets, bucket: tuple[int, ...]):
+    def micro(
+        self,
+        step,
+        images: torch.Tensor,
+        targets: Targets,
+        bucket: tuple[int, ...],
+        *,
+        trained: bool = False,
+    ):
+        self.trained.append(trained)
         if self.fail:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         self.micros.append(EagerMicro(step, bucket, images.clone(), clone_targets(targets)))

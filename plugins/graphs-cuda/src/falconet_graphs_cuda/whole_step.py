@@ -81,7 +81,12 @@ class StepRecorder(Protocol):
         images: torch.Tensor,
         targets: Targets,
         bucket: tuple[int, ...],
-    ) -> MicroRecording: ...
+        *,
+        trained: bool = False,
+    ) -> MicroRecording:
+        """``trained``: the eager step has trained batches of exactly these images' shape
+        and ``bucket`` in this process (what a warm-up pass would do is done)."""
+        ...
 
     def update(self, step: StaticStep) -> UpdateRecording: ...
 
@@ -168,13 +173,19 @@ class WholeStep:
         seen = self.seen[key] = self.seen.get(key, 0) + 1
         if seen < self.capture_after:
             return None
-        bucket = self._widened(image_key, bucket)
+        widened = self._widened(image_key, bucket)
+        # the key's earlier batches ran on the eager step: at the bucket recorded they built
+        # what a warm-up pass would
+        trained = widened == bucket and self.capture_after > 1
+        bucket = widened
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
         start = time.perf_counter()
         failure = None
         try:
-            recording = recorder.micro(self.step, images, targets.padded(bucket), bucket)
+            recording = recorder.micro(
+                self.step, images, targets.padded(bucket), bucket, trained=trained
+            )
             if self.update is None:
                 self.update = recorder.update(self.step)
         except Exception as exc:  # a failed capture comes in many types; each is logged
