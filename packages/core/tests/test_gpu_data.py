@@ -163,6 +163,41 @@ def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_pa
         assert not filled.store.pixels[i, h:].any() and not filled.store.pixels[i, :, w:].any()
 
 
+def without_torchvision(monkeypatch) -> None:
+    """Make torchvision look not installed (``importlib.util.find_spec`` finds no module)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name.split(".")[0] == "torchvision" else find_spec(name, *a),
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG decodes on a CUDA device")
+def test_without_torchvision_the_gpu_store_decodes_every_image_on_the_cpu(
+    tmp_path, caplog, monkeypatch
+):
+    samples = photos(tmp_path / "img", count=3)
+    without_torchvision(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="falconet.data"):
+        filled = fill_store(samples, SIZE, torch.device("cuda"))
+    assert (filled.on_gpu, filled.on_cpu, filled.left_out) == (0, 3, [])
+    assert "torchvision is not installed, so every image is decoded on the CPU" in caplog.text
+
+
+def test_the_start_up_imports_the_gpu_decoder_only_where_it_is_installed(monkeypatch):
+    from falconet.training.assembly import imported_anyway
+    from falconet.training.config import TrainConfig
+
+    gpu = TrainConfig(data="coco128.yaml", cache="gpu")
+    assert imported_anyway(gpu) == ["torch._dynamo", "torchvision.io"]
+    assert imported_anyway(gpu.model_copy(update={"cache": "ram"})) == ["torch._dynamo"]
+    without_torchvision(monkeypatch)
+    assert imported_anyway(gpu) == ["torch._dynamo"]
+
+
 def test_a_store_too_large_for_the_gpu_is_refused_with_the_numbers():
     assert store_bytes(1000, 640) == 1000 * 640 * 640 * 3
     gib = 2**30

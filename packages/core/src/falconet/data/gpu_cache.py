@@ -7,18 +7,20 @@ the device's free memory is refused with the numbers (``cache=ram`` keeps the im
 memory and augments them on the CPU instead).
 
 JPEG files are decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, in
-batches, EXIF orientation applied), everything else, and any JPEG nvJPEG refuses, by the CPU
-decoder the loader always uses (OpenCV); an image neither can decode is left out of the run
-with one counted warning, never a crash. Each image is resized on the device (area averaging
-when shrinking, bilinear when enlarging, as OpenCV's ``INTER_AREA`` and ``INTER_LINEAR`` are
-used on the CPU), to the size :func:`~falconet.data.loader.resized_shape` gives it, so the
-plans of both paths see the same image sizes. The decoders and resamplers are not OpenCV's,
-so a stored image differs from the CPU cache's by a few levels (docs/data.md); the
-augmentation that follows is the CPU path's up to rounding.
+batches, EXIF orientation applied; torchvision is not a dependency of falconet-core: without it
+every file goes to the CPU decoder, and the log says so once), everything else, and any JPEG
+nvJPEG refuses, by the CPU decoder the loader always uses (OpenCV); an image neither can decode
+is left out of the run with one counted warning, never a crash. Each image is resized on the
+device (area averaging when shrinking, bilinear when enlarging, as OpenCV's ``INTER_AREA`` and
+``INTER_LINEAR`` are used on the CPU), to the size :func:`~falconet.data.loader.resized_shape`
+gives it, so the plans of both paths see the same image sizes. The decoders and resamplers are
+not OpenCV's, so a stored image differs from the CPU cache's by a few levels (docs/data.md);
+the augmentation that follows is the CPU path's up to rounding.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,15 @@ DECODE_BATCH = 64
 """JPEG files handed to nvJPEG per call."""
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+GPU_DECODER = "torchvision.io"
+"""The module of nvJPEG's decoder (:func:`gpu_decoder`)."""
+
+
+def gpu_decoder() -> str | None:
+    """:data:`GPU_DECODER` where torchvision is installed (found, not imported), else ``None``."""
+    return GPU_DECODER if importlib.util.find_spec("torchvision") is not None else None
 
 
 def store_bytes(count: int, size: int) -> int:
@@ -98,11 +109,15 @@ def fill_store(
     pixels = torch.zeros(len(samples), size, size, 3, dtype=torch.uint8, device=device)
     shapes = [resized_shape(s, size) for s in samples]
     decoded = [False] * len(samples)
-    on_gpu = (
-        _decode_jpegs_on_gpu(samples, pixels, shapes, decoded, threads)
-        if (device.type == "cuda")
-        else 0
-    )
+    on_gpu = 0
+    if device.type == "cuda" and gpu_decoder() is None:
+        log.info(
+            "cache=gpu: torchvision is not installed, so every image is decoded on the CPU; "
+            "pip install torchvision (the build matching torch %s) to decode JPEGs with nvJPEG",
+            torch.__version__,
+        )
+    elif device.type == "cuda":
+        on_gpu = _decode_jpegs_on_gpu(samples, pixels, shapes, decoded, threads)
     left_out: list[str] = []
     on_cpu = 0
     rest = [i for i, done in enumerate(decoded) if not done]

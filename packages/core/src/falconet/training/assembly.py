@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from falconet import ops
+from falconet.data.gpu_cache import gpu_decoder
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
@@ -184,8 +185,10 @@ def synthetic_boxes(cfg: TrainConfig, dataset: Dataset) -> int:
 def imported_anyway(cfg: TrainConfig) -> list[str]:
     """The slow imports a run makes later anyway, made while the GPU's first use runs
     (:mod:`falconet.training.first_use`): ``torch._dynamo``, which ``torch.optim``'s
-    ``add_param_group`` imports, and with ``cache=gpu`` torchvision, the cache's decoder."""
-    return ["torch._dynamo", *(["torchvision.io"] if cfg.cache == "gpu" else [])]
+    ``add_param_group`` imports, and with ``cache=gpu`` torchvision, the cache's decoder
+    (where it is installed: :func:`~falconet.data.gpu_cache.gpu_decoder`)."""
+    decoder = gpu_decoder() if cfg.cache == "gpu" else None
+    return ["torch._dynamo", *([decoder] if decoder else [])]
 
 
 def graph_context(
