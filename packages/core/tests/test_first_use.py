@@ -92,7 +92,7 @@ def test_the_copy_trains_beside_and_leaves_the_network_as_it_was(caplog):
     device = torch.device("cuda")
     model = network().to(device, memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    interval = sys.getswitchinterval()
+    interval, drawn = sys.getswitchinterval(), torch.cuda.get_rng_state(device)
     caplog.set_level(logging.INFO, logger="falconet.train")
     with first_use_beside(model, mean_loss, FP16, (4, 64, 3, 5), device):
         import_ahead(["torch._dynamo"])
@@ -103,6 +103,7 @@ def test_the_copy_trains_beside_and_leaves_the_network_as_it_was(caplog):
         "a copy of the network trained a synthetic batch" in r.message for r in caplog.records
     )
     assert sys.getswitchinterval() == interval
+    assert torch.equal(torch.cuda.get_rng_state(device), drawn)
 
 
 @needs_cuda

@@ -12,7 +12,8 @@ finds cuDNN's choices made and the kernels loaded.
 
 The copy keeps the run out of it: the batch-norm statistics it updates and the gradients it
 gets are its own, it draws no random numbers from the run's generators (the synthetic batch
-has generators of its own), and its loss sees this process alone
+has generators of its own, and what the network or its loss draws comes from the generators'
+states as they were, put back after it), and its loss sees this process alone
 (:func:`falconet.ops.rank_local`, per thread), so in a distributed run it issues no
 collective. The training thread queues no GPU work while the copy runs, so cuDNN times its
 algorithms on a GPU that runs nothing else. Only autocast backends are used this way: a
@@ -83,11 +84,12 @@ def first_use_beside(
     model: nn.Module,
     loss_for: Callable[[nn.Module], Callable[[Any, Targets], tuple[torch.Tensor, Any]]],
     precision: PrecisionBackend,
-    batch: tuple[int, int, int, int],
+    synthetic: tuple[int, int, int, int],
     device: torch.device,
 ) -> Iterator[None]:
-    """Inside, a copy of ``model`` with its own loss (``loss_for(copy)``) trains one
-    synthetic ``batch`` (images, size, boxes per image, classes) on a thread; on exit the
+    """Inside, a copy of ``model`` with its own loss (``loss_for(copy)``) trains one batch
+    of :func:`synthetic_batch` (``synthetic``: images, size, boxes per image, classes) on a
+    thread, the random generators' states put back after it; on exit the
     thread is waited for and the copy's memory given back to the device. Nothing runs (the
     body alone) off CUDA or under a precision backend that converts the network."""
     if device.type != "cuda" or not isinstance(precision, AutocastPrecision):
@@ -100,8 +102,10 @@ def first_use_beside(
     def run() -> None:
         start = time.perf_counter()
         try:
-            with torch.cuda.device(device), ops.rank_local():
-                images, targets = synthetic_batch(*batch, device=device)
+            # a family's forward or loss may draw (DETR's denoising): from states put back
+            drawn = torch.random.fork_rng(devices=[device])
+            with torch.cuda.device(device), ops.rank_local(), drawn:
+                images, targets = synthetic_batch(*synthetic, device=device)
                 with precision.autocast(device):
                     outputs = held["network"](images)
                 total, _ = held["loss"](outputs, targets)
