@@ -95,6 +95,7 @@ if rank == 0:
                        "failed": stats.failed, "eager": stats.eager},
             "updates": [eager.progress.updates, whole.progress.updates],
             "failure": whole.step.failed,
+            "trained": whole.step.recorder.trained,
         },
         sys.argv[1],
     )
@@ -144,6 +145,8 @@ def test_the_whole_step_under_ddp_is_bit_for_bit_the_eager_ddp_step(tiny_run, tm
     result = _arms(tiny_run, tmp_path, failing_rank=-1, port=29541)
     counts = result["counts"]
     assert counts["recorded"] >= 1 and counts["replayed"] >= 4 and counts["failed"] == 0
+    # a rank's eager batches ran its own bucket, not the agreed one: never recorded as trained
+    assert result["trained"] == [False] * counts["recorded"]
     rank0, rank1 = result["buckets"]
     assert any(a != b for a, b in zip(rank0, rank1, strict=True)), "no batch's bucket differed"
     _same_training(result)

@@ -175,8 +175,10 @@ class WholeStep:
             return None
         widened = self._widened(image_key, bucket)
         # the key's earlier batches ran on the eager step: at the bucket recorded they built
-        # what a warm-up pass would
-        trained = widened == bucket and self.capture_after > 1
+        # what a warm-up pass would. Not in a distributed run: a rank's eager batches ran its
+        # own bucket, not the agreed one, and a recording retried after a pass on one rank
+        # alone would meet no loss collective on the others
+        trained = widened == bucket and self.capture_after > 1 and self.collectives is None
         bucket = widened
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
