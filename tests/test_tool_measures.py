@@ -30,6 +30,10 @@ def test_the_first_import_of_a_heavy_module_is_timed_with_its_thread_and_importe
     assert name == "heavy_for_the_test" and seen["thread"] == "the-importer"
     assert seen["seconds"] >= 0.05 and seen["start_s"] > 0
     assert any("importer" in frame for frame in seen["from"])
+    # off the main thread, every first import is listed, heavy or not
+    assert [(i["name"], i["thread"]) for i in imports.off_main] == [
+        ("heavy_for_the_test", "the-importer")
+    ]
 
 
 @pytest.fixture(scope="module")
