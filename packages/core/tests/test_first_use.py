@@ -82,9 +82,14 @@ def test_off_cuda_nothing_runs_beside_the_body():
     assert ran == [True] and built == []
 
 
-def test_import_ahead_imports_what_it_is_given():
-    import_ahead(["json", "colorsys"])
-    assert {"json", "colorsys"} <= set(sys.modules)
+def test_import_ahead_imports_what_it_is_given(tmp_path, monkeypatch):
+    (tmp_path / "imported_ahead_for_the_test.py").write_text("IMPORTED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "imported_ahead_for_the_test", raising=False)
+    import_ahead(["imported_ahead_for_the_test"])
+    assert sys.modules["imported_ahead_for_the_test"].IMPORTED
+    with pytest.raises(ModuleNotFoundError):
+        import_ahead(["no_such_module_for_the_test"])
 
 
 @needs_cuda

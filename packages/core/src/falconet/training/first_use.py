@@ -50,8 +50,9 @@ log = logging.getLogger("falconet.train")
 
 SWITCH_INTERVAL_S = 0.0005
 """The interpreter's switch interval while the copy trains: the copy's thread takes the
-interpreter back after each operation it launches, and with Python's default (5 ms) it would
-wait that long for the importing thread to give it up, hundreds of times."""
+interpreter back after each operation it launches, and at Python's default interval
+(``sys.getswitchinterval()``) it waits that long for the importing thread to give it up,
+hundreds of times (the copy's time at both intervals: docs/data.md, start-up)."""
 
 WAIT_S = 300.0
 """The longest the training thread waits for the copy before it goes on without it."""
