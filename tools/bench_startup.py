@@ -22,6 +22,11 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
 * ``first_imports``: for each of the heavy modules a run may import (torchvision,
   ``torch._dynamo``, Triton, ...), when its first import started, how long the module took to
   execute (its own imports included), on which thread, and the frames that imported it;
+* ``fill_breakdown_s`` (with ``--fill-breakdown`` only): the ``cache=gpu`` store's fill in
+  parts, each call's seconds with the device synchronized before and after it (so a part's
+  GPU work is its own; the parts then run one after another, not overlapped, so the run's
+  points are not its own): the whole fill (``fill_store``), torchvision's ``decode_jpeg``
+  calls (nvJPEG; the first one loads it) and the per-image resizes into the store (``place``);
 * ``profiles`` (with ``--profile`` only): the busiest functions (``cProfile``, cumulative
   time) of the trainer's construction and of ``fit``'s start up to the first batch's end.
   ``cProfile`` slows the training thread's Python (the imports most: they are calls), so a
@@ -177,6 +182,56 @@ class _FirstImports:
         return {k: v for k, v in self.seen.items() if v is not None}
 
 
+class _FillBreakdown:
+    """``--fill-breakdown``: wraps the parts of the GPU cache's fill in synchronized timers
+    (module docstring, ``fill_breakdown_s``)."""
+
+    def __init__(self, synchronize) -> None:
+        self.synchronize = synchronize
+        self.calls: dict[str, list[float]] = {"fill_store": [], "decode_jpeg": [], "place": []}
+
+    def install(self) -> None:
+        from falconet.data import gpu_cache
+        from falconet.training import loaders
+
+        loaders.fill_store = self._timed(loaders.fill_store, "fill_store")
+        gpu_cache._place = self._timed(gpu_cache._place, "place")
+        decode_all = gpu_cache._decode_jpegs_on_gpu
+
+        def decode_jpegs(*args, **kwargs):
+            # torchvision is imported by now (the start-up's import_ahead): wrapping its
+            # decoder here leaves the imports where the run makes them
+            import torchvision.io
+
+            if not hasattr(torchvision.io.decode_jpeg, "timed"):
+                torchvision.io.decode_jpeg = self._timed(torchvision.io.decode_jpeg, "decode_jpeg")
+            return decode_all(*args, **kwargs)
+
+        gpu_cache._decode_jpegs_on_gpu = decode_jpegs
+
+    def _timed(self, function, name: str):
+        calls, synchronize = self.calls[name], self.synchronize
+
+        def timed(*args, **kwargs):
+            synchronize()
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                synchronize()
+                calls.append(time.perf_counter() - start)
+
+        timed.timed = True
+        return timed
+
+    def result(self) -> dict[str, dict]:
+        return {
+            name: {"calls": len(c), "seconds": round(sum(c), 3), "first": round(c[0], 3)}
+            for name, c in self.calls.items()
+            if c
+        }
+
+
 class _Timeline:
     """Callbacks and a phase timer that stamp a run's milestones on the wall clock."""
 
@@ -285,6 +340,9 @@ def child(args) -> None:
     timeline = _Timeline(origin, sync, args.phase_batches, args.profile)
     timeline.points["python"] = round(timeline_start, 3)
     timeline.mark("imports")
+    fill = _FillBreakdown(sync)
+    if args.fill_breakdown:
+        fill.install()
 
     class _Stamp(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -332,6 +390,7 @@ def child(args) -> None:
         "log": timeline.log,
         "first_imports": imports.found(),
         "imports_off_main": imports.off_main,
+        "fill_breakdown_s": fill.result(),
         "epoch_end_s": [  # from an epoch's last batch (synchronized) to the next one's start
             round(start - end, 3)
             for end, start in zip(timeline.last_batch_ends, timeline.epoch_starts[1:], strict=False)
@@ -367,6 +426,7 @@ def measure(args, arm: str, tmp: Path) -> dict:
     for option in (*options, "phase_batches"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     command += ["--profile"] if args.profile else []
+    command += ["--fill-breakdown"] if args.fill_breakdown else []
     command += ["--tmp", str(tmp)]
     stderr_path = tmp / f"stderr-{spawned:.0f}.txt"
     with stderr_path.open("w") as stderr:
@@ -426,6 +486,11 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="cProfile the construction, the first batch and an epoch's end (slows them)",
+    )
+    parser.add_argument(
+        "--fill-breakdown",
+        action="store_true",
+        help="time the cache=gpu fill's parts, synchronized (serialises them)",
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -36,7 +36,8 @@
 #   startup tools/bench_startup.py: a short run's wall time from spawn to exit, COCO128, 3
 #           epochs, batch 16, ab_startup_arms (fp16 whole-step and eager by default),
 #           startup_repeats runs of each (1); startup_profile=1 adds cProfile's profiles
-#           (which slow the points measured)
+#           and startup_fill=1 the cache=gpu fill's parts, synchronized (both slow the
+#           points measured)
 #   profile falconet train ... profile=true profile_then_stop=true (falconet-profiler): 40
 #           batches of yolo-n on COCO128 with profile_keys (cache=gpu batch=16); the report in
 #           the log, profile.json as the result
@@ -130,7 +131,8 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
       timeout "${startup_timeout:-300}" python bench_startup.py --data "$data/coco128.yaml" \
         --arms "${ab_startup_arms:-graph=whole-step:amp_dtype=fp16,graph=eager:amp_dtype=fp16}" \
         --epochs 3 --batch 16 --repeats "${startup_repeats:-1}" \
-        --timeout "${startup_timeout:-300}" ${startup_profile:+--profile} --out "$out" ;;
+        --timeout "${startup_timeout:-300}" ${startup_profile:+--profile} \
+        ${startup_fill:+--fill-breakdown} --out "$out" ;;
     profile)
       # shellcheck disable=SC2086  # profile_keys: several keys
       timeout "${profile_timeout:-200}" falconet train model=yolo-n data="$data/coco128.yaml" \
