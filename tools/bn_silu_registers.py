@@ -52,16 +52,19 @@ def signature(kernel, dtype: str, constants: dict[str, int]) -> dict[str, str]:
     return types
 
 
+LAUNCH_OPTIONS = ("num_warps", "enable_fp_fusion")
+"""The keys of a plan's launch settings that are compile options, not the kernel's constants."""
+
+
 def resources(kernel, meta: dict[str, int], dtype: str, arch: int) -> dict[str, int]:
-    """Compile ``kernel`` with ``meta`` (tiles and ``num_warps``) for ``sm_<arch>``; read its
-    registers, stack (spills) and shared memory off the cubin."""
-    constants = {k: v for k, v in meta.items() if k != "num_warps"}
+    """Compile ``kernel`` with ``meta`` (tiles and :data:`LAUNCH_OPTIONS`) for ``sm_<arch>``;
+    read its registers, stack (spills) and shared memory off the cubin."""
+    options = {k: meta[k] for k in LAUNCH_OPTIONS}
+    constants = {k: v for k, v in meta.items() if k not in LAUNCH_OPTIONS}
     names = inspect.signature(kernel.fn).parameters
     constants |= {k: v for k, v in SWITCHES.items() if k in names}
     source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", arch, 32), options={"num_warps": meta["num_warps"]}
-    )
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
