@@ -8,7 +8,10 @@ torchvision, the GPU cache's JPEG decoder): Python that holds the interpreter, w
 first use mostly waits in the driver and on the GPU with the interpreter released. So while
 the training thread imports those modules (:func:`import_ahead`), a copy of the network trains
 one synthetic batch on another thread (:func:`first_use_beside`), and the run's first batch
-finds cuDNN's choices made and the kernels loaded.
+finds the kernels loaded and the backward's cuDNN choices made. The forward's are timed
+again at the first batch: torch keeps cuDNN's timed choices per thread (the cuDNN v8 API's
+benchmark cache is thread-local), and the forward runs on the thread that calls it, while the
+backward runs on autograd's thread for the device whichever thread calls it.
 
 The copy keeps the run out of it: the batch-norm statistics it updates and the gradients it
 gets are its own, it draws no random numbers from the run's generators (the synthetic batch
