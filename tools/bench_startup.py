@@ -183,19 +183,22 @@ class _FirstImports:
 
 
 class _FillBreakdown:
-    """``--fill-breakdown``: wraps the parts of the GPU cache's fill in synchronized timers
-    (module docstring, ``fill_breakdown_s``)."""
+    """``--fill-breakdown``: the parts of the GPU cache's fill, each call timed between two
+    device synchronizations (``bench_train.timed_calls``; module docstring,
+    ``fill_breakdown_s``)."""
 
     def __init__(self, synchronize) -> None:
         self.synchronize = synchronize
-        self.calls: dict[str, list[float]] = {"fill_store": [], "decode_jpeg": [], "place": []}
+        self.calls: dict[str, list[float]] = {}
 
     def install(self) -> None:
+        from bench_train import timed_calls  # tools/ is on the path
+
         from falconet.data import gpu_cache
         from falconet.training import loaders
 
-        loaders.fill_store = self._timed(loaders.fill_store, "fill_store")
-        gpu_cache._place = self._timed(gpu_cache._place, "place")
+        self.calls["fill_store"] = timed_calls(loaders, "fill_store", self.synchronize)
+        self.calls["place"] = timed_calls(gpu_cache, "_place", self.synchronize)
         decode_all = gpu_cache._decode_jpegs_on_gpu
 
         def decode_jpegs(*args, **kwargs):
@@ -203,26 +206,13 @@ class _FillBreakdown:
             # decoder here leaves the imports where the run makes them
             import torchvision.io
 
-            if not hasattr(torchvision.io.decode_jpeg, "timed"):
-                torchvision.io.decode_jpeg = self._timed(torchvision.io.decode_jpeg, "decode_jpeg")
+            if "decode_jpeg" not in self.calls:  # wrapped once
+                self.calls["decode_jpeg"] = timed_calls(
+                    torchvision.io, "decode_jpeg", self.synchronize
+                )
             return decode_all(*args, **kwargs)
 
         gpu_cache._decode_jpegs_on_gpu = decode_jpegs
-
-    def _timed(self, function, name: str):
-        calls, synchronize = self.calls[name], self.synchronize
-
-        def timed(*args, **kwargs):
-            synchronize()
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                synchronize()
-                calls.append(time.perf_counter() - start)
-
-        timed.timed = True
-        return timed
 
     def result(self) -> dict[str, dict]:
         return {

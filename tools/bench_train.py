@@ -536,17 +536,22 @@ def run_falconet(args) -> dict:
     return result
 
 
-def timed_calls(owner, name: str) -> list[float]:
+def timed_calls(owner, name: str, synchronize=None) -> list[float]:
     """Seconds of every later call of ``owner.name``, appended to the list returned; the
-    call itself runs unchanged (a timer around it, for a benchmark's record)."""
+    call itself runs unchanged (a timer around it, for a benchmark's record). With
+    ``synchronize`` (the device's), it is called before and after each call, so the call's
+    GPU work is in its seconds and no earlier work is."""
     calls: list[float] = []
     method = getattr(owner, name)
+    wait = synchronize or (lambda: None)
 
     def timed(*args, **kwargs):
+        wait()
         start = time.perf_counter()
         try:
             return method(*args, **kwargs)
         finally:
+            wait()
             calls.append(round(time.perf_counter() - start, 4))
 
     setattr(owner, name, timed)
