@@ -35,6 +35,11 @@ NUM_WARPS = 8
 shapes on the H200 (tools/bench_data.py --render-configs; docs/data.md)."""
 
 
+LAUNCH_BYTES = 2**31
+"""Output bytes one launch may write: the kernel addresses its output in int32 (``(batch x
+size x size + pixel) x 3``), so a larger batch is rendered in several launches (a batch of
+1,366 at 640 px, of 342 at 1,280)."""
+
 FP_FUSION = True
 """Triton's contraction of a multiply and an add into one FMA, named at every launch: the
 kernel's rounding then does not move with Triton's default (on through 3.9, off from 3.10),
@@ -119,14 +124,16 @@ def render_fused(
     _wait_for_compilation()  # one compilation, not two at once
     batch = tiles.shape[0]
     out = torch.empty(batch, size, size, 3, dtype=torch.uint8, device=pixels.device)
-    if batch:
-        grid = (-(-size * size // block), batch)
-        render[grid](
+    tiles, inverse, tables = tiles.contiguous(), inverse.float().contiguous(), tables.contiguous()
+    per_launch = max(1, (LAUNCH_BYTES - 1) // (size * size * 3))  # one launch below 2**31 bytes
+    for start in range(0, batch, per_launch):
+        end = min(start + per_launch, batch)
+        render[(-(-size * size // block), end - start)](
             pixels,
-            tiles.contiguous(),
-            inverse.float().contiguous(),
-            tables.contiguous(),
-            out,
+            tiles[start:end],
+            inverse[start:end],
+            tables[start:end],
+            out[start:end],
             size,
             pixels.shape[1],
             float(grey),
