@@ -185,6 +185,55 @@ def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(tmp_path)
         torch.testing.assert_close(two["model"][name], reference, rtol=1e-5, atol=1e-6)
 
 
+AUTO_CACHE_SCRIPT = """
+import sys
+
+import torch
+
+from falconet.data.resolve import load_dataset
+from falconet.training.config import TrainConfig
+from falconet.training.distributed import start, stop, world_from_env
+from falconet.training.loaders import gpu_shard, resolve_cache
+
+world = world_from_env()
+start(world, torch.device("cpu"), 60)
+dataset = load_dataset(sys.argv[2], splits=("train",))
+cfg = TrainConfig(data=sys.argv[2], imgsz=64, cache="auto")
+need = len(gpu_shard(dataset.splits["train"].samples, world)) * 64 * 64 * 3
+choices = []
+for short in (1, None):  # rank 1's device a byte short of room for its shard; then none short
+    free = 2 * need - (world.rank == short)
+    torch.cuda.mem_get_info = lambda device, free=free: (free, 10 * need)  # the device's answer
+    choices.append(resolve_cache(cfg, dataset, torch.device("cuda", world.local_rank), world))
+stop()
+with open(f"{sys.argv[1]}.{world.rank}", "w") as out:
+    out.write(" ".join(choices))
+"""
+
+
+def test_cache_auto_is_one_choice_for_every_rank(tmp_path):
+    """Each rank measures its own device's free memory; where one rank's shard would not fit,
+    no rank takes the GPU path (a rank holding its shard beside one drawing from its share of
+    the whole set would train some images twice an epoch and others never). Two Gloo ranks;
+    the free memory is each device's answer, given here."""
+    from falconet.data.shapes import write_shapes
+
+    data = write_shapes(tmp_path / "shapes", {"train": 24, "val": 4}, size=64)
+    script = tmp_path / "auto_cache.py"
+    script.write_text(AUTO_CACHE_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, *_torchrun(29549), str(script), str(tmp_path / "choice"), str(data)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    choices = [(tmp_path / f"choice.{rank}").read_text() for rank in (0, 1)]
+    assert choices == ["none gpu", "none gpu"]
+
+
 GRAPHED_SCRIPT = """
 import functools
 import os

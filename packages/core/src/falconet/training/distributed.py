@@ -238,7 +238,9 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     others skipped."""
     if not active():
         return flag
-    value = torch.tensor([int(flag)], device=device)
+    # on the device the group's backend takes: NCCL's CUDA device, Gloo's host memory
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([int(flag)], device=on)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 

@@ -16,7 +16,7 @@ from falconet.data.loader import DetectionDataset, build_loader
 from falconet.data.records import Dataset, Sample
 from falconet.data.transforms import AugmentConfig
 from falconet.training.config import ConfigError, TrainConfig
-from falconet.training.distributed import ONE_PROCESS, World, per_rank_batch
+from falconet.training.distributed import ONE_PROCESS, World, any_rank, per_rank_batch
 
 log = logging.getLogger("falconet.train")
 
@@ -65,8 +65,10 @@ def resolve_cache(
 ) -> str:
     """``cache=auto``'s choice, logged with its reason: ``gpu`` (decoded in GPU memory and
     augmented there, docs/data.md) on a CUDA device where this rank's images take at most
-    :data:`~falconet.data.gpu_cache.STORE_SHARE` of its free memory, else ``none`` (a RAM
-    cache of a large set could exhaust host memory, so it stays a choice made by name).
+    :data:`~falconet.data.gpu_cache.STORE_SHARE` of its free memory, on every rank of a
+    distributed run, else ``none`` (a RAM cache of a large set could exhaust host memory, so it
+    stays a choice made by name). The ranks agree: one holding its shard while another drew
+    from its share of the whole set would train some images twice an epoch and others never.
     Any other value is returned as it is."""
     if cfg.cache != "auto":
         return cfg.cache
@@ -75,10 +77,11 @@ def resolve_cache(
         return "none"
     count = len(gpu_shard(train_samples(cfg, dataset), world))
     free, _ = torch.cuda.mem_get_info(device)
-    fits, gib = store_fits(count, cfg.imgsz, free), 2**30
+    fits_here, gib = store_fits(count, cfg.imgsz, free), 2**30
+    fits = not any_rank(not fits_here, device)
     log.info(
         "cache=auto: %s (%d images at %d px take %.2f GiB; %.1f GiB free on %s, at most %.0f%% "
-        "of it for the images)",
+        "of it for the images%s)",
         "gpu" if fits else "none",
         count,
         cfg.imgsz,
@@ -86,6 +89,7 @@ def resolve_cache(
         free / gib,
         device,
         STORE_SHARE * 100,
+        "; another rank's do not fit" if fits_here and not fits else "",
     )
     return "gpu" if fits else "none"
 
@@ -111,7 +115,7 @@ def fill_gpu_cache(
     filled = fill_store(gpu_shard(train_samples(cfg, dataset), world), cfg.imgsz, device)
     log.info(
         "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)%s",
-        len(filled.samples),
+        filled.on_gpu + filled.on_cpu,
         time.perf_counter() - start,
         filled.on_gpu,
         filled.on_cpu,
