@@ -149,18 +149,90 @@ def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_pa
     samples += [Sample(broken, 99, 200, 100, *no_boxes), Sample(empty, 98, 200, 100, *no_boxes)]
     with caplog.at_level(logging.WARNING, logger="falconet.data"):
         filled = fill_store(samples, SIZE, torch.device(device))
-    assert [s.image_id for s in filled.samples] == [0, 1, 2, 3]
+    # the two slots left out hold the first two images again: the store keeps its length
+    assert [s.image_id for s in filled.samples] == [0, 1, 2, 3, 0, 1]
     assert filled.left_out == [str(broken), str(empty)]
     assert (filled.on_gpu, filled.on_cpu) == ((4, 0) if device == "cuda" else (0, 4))
     assert "2 image(s) could not be decoded and are left out" in caplog.text
     ram = DetectionDataset(samples[:4], SIZE, cache="ram")
     for i, sample in enumerate(filled.samples):
         h, w = filled.store.shapes[i]
-        assert (h, w) == resized_shape(sample, SIZE) == ram._ram[i].shape[:2]
+        assert (h, w) == resized_shape(sample, SIZE) == ram._ram[i % 4].shape[:2]
         stored = filled.store.pixels[i, :h, :w].int().cpu()
         # torch's area resampling is not OpenCV's INTER_AREA, by a level or two on average
-        assert (stored - torch.from_numpy(ram._ram[i]).int()).abs().float().mean() < 3
+        assert (stored - torch.from_numpy(ram._ram[i % 4]).int()).abs().float().mean() < 3
         assert not filled.store.pixels[i, h:].any() and not filled.store.pixels[i, :, w:].any()
+    assert torch.equal(filled.store.pixels[4], filled.store.pixels[0])
+
+
+def test_a_store_of_which_nothing_decodes_is_refused_with_what_to_do(tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    no_boxes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+    with pytest.raises(DataError, match=r"none of the 1 images could be decoded.*data check"):
+        fill_store([Sample(broken, 0, 200, 100, *no_boxes)], SIZE, torch.device("cpu"))
+
+
+def test_an_image_that_cannot_decode_leaves_every_rank_as_many_batches(tmp_path):
+    """Under DDP each rank fills its own shard; a file that decodes nowhere must not leave
+    one rank with fewer batches an epoch than the others (it would wait in a collective the
+    others never reach)."""
+    from falconet.training.distributed import World
+    from falconet.training.loaders import gpu_shard
+
+    samples = photos(tmp_path / "img", count=14)
+    samples[3].image.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")  # rank 1's shard
+    lengths, left_out = [], []
+    for rank in (0, 1):
+        filled = fill_store(gpu_shard(samples, World(rank=rank, size=2)), SIZE, torch.device("cpu"))
+        dataset = DetectionDataset(filled.samples, SIZE, augment=AugmentConfig(), seed=rank)
+        lengths.append(len(GpuLoader(dataset, filled.store, 2, seed=rank)))
+        left_out.append(len(filled.left_out))
+    assert left_out == [0, 1] and lengths == [4, 4]
+
+
+def oriented_photo(path: Path, orientation: int) -> None:
+    """A 200 x 120 picture (a bright block in its top-left corner) stored so that a viewer
+    applying EXIF ``orientation`` shows it upright: turned by 180 degrees for 3, by 90 for 6
+    (the viewer turns it clockwise)."""
+    from PIL import Image
+
+    shown = np.full((120, 200, 3), 40, np.uint8)
+    shown[:40, :60] = (250, 200, 30)
+    stored = {1: shown, 3: np.rot90(shown, 2), 6: np.rot90(shown, 1)}[orientation]
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(np.ascontiguousarray(stored)).save(path, exif=exif.tobytes(), quality=95)
+
+
+@pytest.mark.parametrize(
+    "device", cpu_and_cuda("nvJPEG, which does not apply an EXIF orientation, runs on CUDA")
+)
+def test_jpegs_stored_turned_are_stored_upright_as_the_dataset_check_measured(tmp_path, device):
+    """nvJPEG ignores a JPEG's EXIF orientation: such files go to the CPU decoder, which
+    applies it, so the store holds the picture as the check measured it and the labels see
+    it (a 90-degree turn swaps its sides; a 180-degree one keeps them, so only the flag set
+    by the check can route it)."""
+    from falconet.data.check import Candidate, check_split
+    from falconet.data.gpu_cache import for_nvjpeg
+
+    folder = tmp_path / "img"
+    folder.mkdir()
+    candidates = []
+    for i, orientation in enumerate((1, 3, 6)):
+        oriented_photo(folder / f"{i}.jpg", orientation)
+        candidates.append(Candidate(folder / f"{i}.jpg", i))
+    samples = check_split("train", candidates, 1, cache_key=str(tmp_path)).samples
+    assert [s.exif_oriented for s in samples] == [False, True, True]
+    assert [(s.width, s.height) for s in samples] == [(200, 120)] * 3
+    assert for_nvjpeg(samples) == [0]
+    filled = fill_store(samples, SIZE, torch.device(device))
+    upright = torch.from_numpy(DetectionDataset(samples[:1], SIZE, cache="ram")._ram[0]).int()
+    for i in range(3):
+        h, w = filled.store.shapes[i]
+        assert (h, w) == tuple(upright.shape[:2])
+        stored = filled.store.pixels[i, :h, :w].int().cpu()
+        assert (stored - upright).abs().float().mean() < 3  # a turned block: tens of levels
 
 
 def without_torchvision(monkeypatch) -> None:
@@ -232,6 +304,13 @@ for keys in loader.batch_sampler:
     )
     assert fused.is_contiguous(memory_format=torch.channels_last)
     diffs.append((render(store, plan, size, fused=False).int() - fused.int()).abs().flatten())
+    # the batch split over launches (as above 2**31 output bytes): the same bytes
+    limit, gpu_render.LAUNCH_BYTES = gpu_render.LAUNCH_BYTES, size * size * 3 + 1
+    split = gpu_render.render_fused(
+        store.pixels, plan.tiles, plan.inverse, plan.tables, size, PAD_VALUE
+    )
+    gpu_render.LAUNCH_BYTES = limit
+    assert torch.equal(split, fused)
 diff = torch.cat(diffs).float()
 print(diff.mean().item(), (diff > 1).float().mean().item(), diff.max().item())
 """

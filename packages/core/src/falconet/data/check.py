@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from falconet.data.images import ImageInfo, inspect_image
+from falconet.data.images import ORIENTED, ImageInfo, inspect_image
 from falconet.data.labels import parse_yolo_labels
 from falconet.data.records import Problem, Sample, Split
 from falconet.paths import cache_dir
@@ -159,9 +159,18 @@ def check_split(
         problems = problems + more
         if any(p.action == "skipped" for p in more):
             return None, problems
-        return Sample(
-            candidate.image, candidate.image_id, info.width, info.height, boxes, labels, crowd
-        ), problems
+        oriented = any(p.code == ORIENTED for p in problems)
+        sample = Sample(
+            candidate.image,
+            candidate.image_id,
+            info.width,
+            info.height,
+            boxes,
+            labels,
+            crowd,
+            exif_oriented=oriented,
+        )
+        return sample, problems
 
     with ThreadPoolExecutor(max_workers=workers or min(32, os.cpu_count() or 1)) as pool:
         results = list(pool.map(check, candidates))

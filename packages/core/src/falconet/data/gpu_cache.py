@@ -7,15 +7,18 @@ the device's free memory is refused with the numbers (``cache=ram`` keeps the im
 memory and augments them on the CPU instead).
 
 JPEG files are decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, in
-batches, EXIF orientation applied; torchvision is not a dependency of falconet-core: without it
-every file goes to the CPU decoder, and the log says so once), everything else, and any JPEG
-nvJPEG refuses, by the CPU decoder the loader always uses (OpenCV); an image neither can decode
-is left out of the run with one counted warning, never a crash. Each image is resized on the
-device (area averaging when shrinking, bilinear when enlarging, as OpenCV's ``INTER_AREA`` and
-``INTER_LINEAR`` are used on the CPU), to the size :func:`~falconet.data.loader.resized_shape`
-gives it, so the plans of both paths see the same image sizes. The decoders and resamplers are
-not OpenCV's, so a stored image differs from the CPU cache's by a few levels (docs/data.md);
-the augmentation that follows is the CPU path's up to rounding.
+batches; torchvision is not a dependency of falconet-core: without it every file goes to the
+CPU decoder, and the log says so once), everything else by the CPU decoder the loader always
+uses (OpenCV): any JPEG nvJPEG refuses, and any JPEG stored turned or mirrored (an EXIF
+orientation other than 1, :attr:`Sample.exif_oriented`), which OpenCV turns as the dataset
+check measured it and nvJPEG would not. An image neither can decode is left out with one
+counted warning, never a crash: its slot holds another image of the store, so the store keeps
+its length and every rank of a distributed run as many batches an epoch. Each image is resized
+on the device (area averaging when shrinking, bilinear when enlarging, as OpenCV's
+``INTER_AREA`` and ``INTER_LINEAR`` are used on the CPU), to the size
+:func:`~falconet.data.loader.resized_shape` gives it, so the plans of both paths see the same image
+sizes. The decoders and resamplers are not OpenCV's, so a stored image differs from the CPU cache's
+by a few levels (docs/data.md); the augmentation that follows is the CPU path's up to rounding.
 """
 
 from __future__ import annotations
@@ -83,8 +86,9 @@ def check_fits(count: int, size: int, free: int, total: int, where: str) -> None
         raise DataError(
             f"cache=gpu: {count} images at imgsz={size} need {need / gib:.1f} GiB of GPU "
             f"memory, more than {STORE_SHARE:.0%} of the {free / gib:.1f} GiB free on {where}; "
-            "use cache=ram (images in host memory, augmented by the CPU workers) or a smaller "
-            "imgsz"
+            "use cache=ram (the images in host memory, augmented by the CPU workers), "
+            "cache=none (read from disk by the workers, for a set larger than host memory too) "
+            "or a smaller imgsz"
         )
 
 
@@ -130,17 +134,28 @@ def fill_store(
             decoded[i] = True
             on_cpu += 1
     kept = [i for i, done in enumerate(decoded) if done]
+    if not kept:
+        raise DataError(
+            f"cache=gpu: none of the {len(samples)} images could be decoded (first: "
+            f"{samples[0].image if samples else 'none given'}); run `falconet data check` on "
+            "the dataset"
+        )
+    held = list(samples)
     if left_out:
         log.warning(
             "cache=gpu: %d image(s) could not be decoded and are left out of training "
-            "(first: %s); run `falconet data check` on the dataset",
+            "(first: %s), their slots holding other images of the store; run `falconet data "
+            "check` on the dataset",
             len(left_out),
             left_out[0],
         )
-    if len(kept) < len(samples):
-        pixels = pixels[torch.tensor(kept, device=device)]
-    store = ImageStore(pixels, [shapes[i] for i in kept])
-    return Filled(store, [samples[i] for i in kept], on_gpu, on_cpu, left_out)
+        for k, slot in enumerate(i for i, done in enumerate(decoded) if not done):
+            source = kept[k % len(kept)]
+            pixels[slot] = pixels[source]
+            shapes[slot], held[slot] = shapes[source], samples[source]
+    if device.type == "cuda":  # the store is whole for any stream that reads it
+        torch.cuda.current_stream(device).synchronize()
+    return Filled(ImageStore(pixels, shapes), held, on_gpu, on_cpu, left_out)
 
 
 def _cpu_decode(sample: Sample) -> np.ndarray | None:
@@ -157,11 +172,17 @@ def _decode_jpegs_on_gpu(
     decoded: list[bool],
     threads: int,
 ) -> int:
-    """nvJPEG for the JPEG files, in batches; a batch nvJPEG refuses is retried file by file,
-    and a file it refuses alone is left to the CPU decoder. The files of the next batch are
-    read while a batch decodes, and those of the first while torchvision imports (the import
-    holds the GIL, a file read does not)."""
-    jpegs = [i for i, s in enumerate(samples) if s.image.suffix.lower() in JPEG_SUFFIXES]
+    """nvJPEG for the JPEG files stored upright (:func:`for_nvjpeg`), in batches; a batch
+    nvJPEG refuses is retried file by file, and a file it refuses alone, or decodes to another
+    shape than the dataset check measured, is left to the CPU decoder. The files of the next
+    batch are read while a batch decodes, and those of the first while torchvision imports
+    (the import holds the GIL, a file read does not).
+
+    Before each call the host waits for the stream's work so far: torchvision allocates the
+    decoded images on the caller's stream but writes them on a stream of its own, without
+    first waiting for the caller's, so a block freed by the previous batch's resizes (still
+    queued) could be written before they read it."""
+    jpegs = for_nvjpeg(samples)
     chunks = [jpegs[start : start + DECODE_BATCH] for start in range(0, len(jpegs), DECODE_BATCH)]
     count = 0
 
@@ -171,6 +192,7 @@ def _decode_jpegs_on_gpu(
         except OSError:  # left to the CPU decoder, which leaves it out with the others
             return None
 
+    stream = torch.cuda.current_stream(pixels.device)
     with ThreadPoolExecutor(threads) as pool:
         reading = [pool.submit(read_file, i) for i in chunks[0]] if chunks else []
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -184,26 +206,39 @@ def _decode_jpegs_on_gpu(
             data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for _, b in read if b]
             if not data:
                 continue
+            stream.synchronize()
             try:
-                images = decode_jpeg(
-                    data, mode=ImageReadMode.RGB, device=pixels.device, apply_exif_orientation=True
-                )
+                images = decode_jpeg(data, mode=ImageReadMode.RGB, device=pixels.device)
             except RuntimeError:
-                images = [_one_jpeg(d, pixels.device) for d in data]
+                images = [_one_jpeg(d, pixels.device, stream) for d in data]
             for i, image in zip(chunk, images, strict=True):
-                if image is None:
-                    continue
+                if image is None or tuple(image.shape[1:]) != (samples[i].height, samples[i].width):
+                    continue  # refused, or not as the check saw it: the CPU decoder's
                 _place(pixels, i, image, shapes[i])
                 decoded[i] = True
                 count += 1
     return count
 
 
-def _one_jpeg(data: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+def for_nvjpeg(samples: Sequence[Sample]) -> list[int]:
+    """The indices of the ``samples`` nvJPEG decodes: JPEG files stored upright. nvJPEG does
+    not apply an EXIF orientation (torchvision applies it on the CPU only), so a file stored
+    turned or mirrored goes to the CPU decoder, which does."""
+    return [
+        i
+        for i, s in enumerate(samples)
+        if s.image.suffix.lower() in JPEG_SUFFIXES and not s.exif_oriented
+    ]
+
+
+def _one_jpeg(
+    data: torch.Tensor, device: torch.device, stream: torch.cuda.Stream
+) -> torch.Tensor | None:
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    stream.synchronize()  # as before a batch (_decode_jpegs_on_gpu)
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
     except RuntimeError:
         return None
 

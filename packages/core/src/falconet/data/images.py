@@ -14,6 +14,8 @@ from pathlib import Path
 from falconet.data.records import Problem
 
 EXIF_ORIENTATION = 0x0112
+ORIENTED = "exif-orientation"
+"""The problem code of an image stored turned or mirrored (EXIF orientation other than 1)."""
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 _CONVERSIONS = {
@@ -78,7 +80,7 @@ def inspect_image(path: Path) -> tuple[ImageInfo | None, list[Problem]]:
     if orientation not in (1, None):
         problems.append(
             Problem(
-                "exif-orientation",
+                ORIENTED,
                 where,
                 f"EXIF orientation {orientation}: "
                 "the image is rotated as viewers show it, labels refer to that",

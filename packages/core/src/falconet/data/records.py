@@ -52,6 +52,10 @@ class Sample:
     """``[n]`` int64 contiguous class indices."""
     crowd: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
     """``[m, 4]`` xyxy normalised crowd regions (ignored in training, ignore regions in eval)."""
+    exif_oriented: bool = False
+    """The file carries an EXIF orientation other than 1: its pixels are stored turned or
+    mirrored, and its decoder must apply the orientation (``width`` and ``height`` are
+    already as shown). OpenCV's and Pillow's decoders do; nvJPEG does not."""
 
 
 @dataclass
