@@ -38,17 +38,12 @@ PLANS_AHEAD = 3  # batches whose plans the host thread has drawn or is drawing
 class GpuLoader:
     """Training batches of ``dataset`` rendered from ``store`` on its device (module
     docstring). ``dataset`` holds the samples (those in the store, in its order), the image
-    size, the augmentation, the seed and ``close_mosaic``; its own pixels are never read."""
+    size, the augmentation, the seed and ``close_mosaic``; its own pixels are never read. In a
+    distributed run each rank's loader holds its own shard (``falconet.training.loaders.
+    gpu_shard``) and draws with a seed of its own, so the loader itself is never sharded."""
 
     def __init__(
-        self,
-        dataset: DetectionDataset,
-        store: ImageStore,
-        batch: int,
-        *,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
+        self, dataset: DetectionDataset, store: ImageStore, batch: int, *, seed: int = 0
     ) -> None:
         if dataset.augment is None:
             raise ValueError("GpuLoader trains: its dataset needs an augmentation")
@@ -59,9 +54,7 @@ class GpuLoader:
         self.dataset = dataset
         self.store = store
         self.device = store.pixels.device
-        sampler = EpochSampler(
-            len(dataset), shuffle=True, seed=seed, rank=rank, world_size=world_size
-        )
+        sampler = EpochSampler(len(dataset), shuffle=True, seed=seed)
         self.batch_sampler = EpochBatchSampler(sampler, batch)
 
     def __len__(self) -> int:
