@@ -242,6 +242,35 @@ def test_jpegs_stored_turned_are_stored_upright_as_the_dataset_check_measured(tm
         assert (stored - upright).abs().float().mean() < 3  # a turned block: tens of levels
 
 
+@pytest.mark.parametrize("device", cpu_and_cuda("nvJPEG decodes on a CUDA device"))
+def test_grey_cmyk_and_progressive_jpegs_are_stored_as_the_cpu_cache_holds_them(tmp_path, device):
+    """JPEG flavours nvJPEG may decode differently or refuse: each lands in the store as the
+    CPU loader's cache holds it (nvJPEG's RGB output, or the CPU decoder where it refuses)."""
+    from PIL import Image
+
+    from falconet.data.check import Candidate, check_split
+
+    folder = tmp_path / "img"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    field = cv2.resize(rng.integers(0, 255, (10, 14, 3)).astype(np.uint8), (220, 150))
+    picture = Image.fromarray(field)
+    picture.convert("L").save(folder / "grey.jpg", quality=95)
+    picture.convert("CMYK").save(folder / "cmyk.jpg", quality=95)
+    picture.save(folder / "progressive.jpg", quality=95, progressive=True)
+    names = ("grey", "cmyk", "progressive")
+    candidates = [Candidate(folder / f"{name}.jpg", i) for i, name in enumerate(names)]
+    samples = check_split("train", candidates, 1, cache_key=str(tmp_path)).samples
+    filled = fill_store(samples, SIZE, torch.device(device))
+    assert filled.left_out == [] and filled.on_gpu + filled.on_cpu == 3
+    ram = DetectionDataset(samples, SIZE, cache="ram")
+    for i in range(3):
+        h, w = filled.store.shapes[i]
+        assert (h, w) == ram._ram[i].shape[:2]
+        stored = filled.store.pixels[i, :h, :w].int().cpu()
+        assert (stored - torch.from_numpy(ram._ram[i]).int()).abs().float().mean() < 3, names[i]
+
+
 def without_torchvision(monkeypatch) -> None:
     """Make torchvision look not installed (``importlib.util.find_spec`` finds no module)."""
     import importlib.util
