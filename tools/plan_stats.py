@@ -1,0 +1,100 @@
+"""The augmentation plans' statistics, planned per sample (the CPU loader) and per batch (the
+GPU loader): the same distributions from differently keyed draws?
+
+    python tools/plan_stats.py --data ../shared/data/coco128/coco128.yaml --out stats.json
+
+The CPU loader plans one sample at a time, its draws a function of ``(seed, epoch, index)``;
+``cache=gpu``'s loader plans a batch at once from ``(seed, epoch, *indices)``
+(:mod:`falconet.data.plans`). Both train on draws of the same distributions, so over many
+epochs their plans must agree in what a trained network sees: boxes per sample, box sizes,
+flips, mosaics. Per epoch (the training set repeated ``--repeat`` times, the run's default
+augmentation keys, the sampler's order), for each path: the mean boxes per sample, the
+median box area in output pixels, the share of samples flipped and of mosaics; printed and
+written as the mean and the standard deviation over epochs. Nothing is decoded: a plan needs
+the images' sizes only, which the dataset check measured. CPU only, a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from falconet.data.loader import DetectionDataset
+from falconet.data.plans import BatchPlan
+from falconet.data.resolve import load_dataset
+from falconet.data.sampler import EpochSampler
+from falconet.training.config import TrainConfig
+from falconet.training.loaders import augment_config
+
+
+def epoch_stats(plans: list[BatchPlan]) -> dict[str, float]:
+    """One epoch's figures over every sample of ``plans``."""
+    counts = np.concatenate([p.counts for p in plans])
+    boxes = np.concatenate([p.boxes for p in plans])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    flipped = np.concatenate([p.matrix[:, 0, 0] < 0 for p in plans])  # x mirrored
+    mosaic = np.concatenate([p.mosaic for p in plans])
+    return {
+        "boxes_per_sample": float(counts.mean()),
+        "median_box_area_px2": float(np.median(areas)),
+        "flipped": float(flipped.mean()),
+        "mosaic": float(mosaic.mean()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="a dataset yaml (YOLO) or COCO JSON")
+    parser.add_argument("--repeat", type=int, default=4, help="the train split this many times")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=16, help="the GPU loader's batch")
+    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    args = parser.parse_args()
+
+    cfg = TrainConfig(data=args.data, imgsz=args.imgsz, seed=args.seed)
+    samples = load_dataset(args.data, splits=("train",)).splits["train"].samples * args.repeat
+    dataset = DetectionDataset(samples, args.imgsz, augment=augment_config(cfg), seed=args.seed)
+    sampler = EpochSampler(len(dataset), shuffle=True, seed=args.seed)
+    per_epoch: dict[str, list[dict[str, float]]] = {"per_sample": [], "per_batch": []}
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        order = [index for _, index in sampler]
+        batches = [order[i : i + args.batch] for i in range(0, len(order), args.batch)]
+        per_epoch["per_sample"].append(epoch_stats([dataset.plan(epoch, [i]) for i in order]))
+        per_epoch["per_batch"].append(epoch_stats([dataset.plan(epoch, b) for b in batches]))
+    summary = {
+        path: {
+            key: {
+                "mean": statistics.fmean(row[key] for row in rows),
+                "std": statistics.stdev(row[key] for row in rows),
+            }
+            for key in rows[0]
+        }
+        for path, rows in per_epoch.items()
+    }
+    for path, figures in summary.items():
+        shown = ", ".join(f"{k} {v['mean']:.4g} ± {v['std']:.2g}" for k, v in figures.items())
+        print(f"{path}: {shown}")
+    if args.out:
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        record = {
+            "settings": settings,
+            "samples": len(dataset),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__},
+            "machine": platform.processor() or platform.machine(),
+            "summary": summary,
+            "per_epoch": per_epoch,
+        }
+        args.out.write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
