@@ -297,6 +297,7 @@ class Profiler:
             batch=cfg.batch,
             workers=cfg.workers,
             cache=cfg.cache,
+            gpu_store_fits=gpu_store_fits(run),
             cpu_count=os.cpu_count() or 1,
             graphs=run.installed.graph_backends,
             precisions=run.installed.precision_backends,
@@ -384,3 +385,18 @@ def _version() -> str:
         return version("falconet-profiler")
     except PackageNotFoundError:
         return "unknown"
+
+
+def gpu_store_fits(run: RunState) -> bool | None:
+    """Whether this rank's training images would fit ``cache=gpu``'s store, by the rule the
+    start-up applies (at most half the free memory before training, which is about what is
+    free now plus what torch holds for the run); ``None`` off CUDA."""
+    import torch
+
+    from falconet.data.gpu_cache import store_fits
+
+    if run.device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(run.device)
+    shard = -(-run.train_images // run.world_size)
+    return store_fits(shard, run.config.imgsz, free + torch.cuda.memory_reserved(run.device))

@@ -67,6 +67,9 @@ class Context:
     batch: int = 16
     workers: int = 8
     cache: str = "none"
+    gpu_store_fits: bool | None = None
+    """Whether the run's training images would fit ``cache=gpu``'s store (half the GPU's memory
+    free before training); ``None`` where not known (off CUDA)."""
     cpu_count: int = 8
     graphs: frozenset[str] = field(default_factory=lambda: frozenset({"eager", "compile"}))
     precisions: frozenset[str] = field(default_factory=lambda: frozenset({"fp32", "bf16"}))
@@ -207,7 +210,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     f"{c.workers} loader workers; this machine has {c.cpu_count} CPUs",
                 )
             )
-        if c.device == "cuda" and c.cache != "gpu":
+        if c.device == "cuda" and c.cache != "gpu" and c.gpu_store_fits is not False:
             out.append(
                 _lever(
                     "cache",
@@ -217,7 +220,10 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                 )
             )
         elif c.cache == "none":
-            out.append(_lever("cache", "ram", "decode each image once instead of every epoch"))
+            why = "decode each image once instead of every epoch"
+            if c.device == "cuda" and c.gpu_store_fits is False:
+                why += " (the images do not fit in half the GPU's free memory for cache=gpu)"
+            out.append(_lever("cache", "ram", why))
     elif name == "host-launch":
         needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"
         if c.graph not in ("cuda-graph", "whole-step"):
