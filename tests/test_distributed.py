@@ -71,24 +71,37 @@ def _one_and_two_ranks(source: str, tmp_path: Path, port: int, suffix: str, *arg
     result to its first argument: ``(one's path, two's path)``."""
     script = tmp_path / "script.py"
     script.write_text(source)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     paths = []
     for name, launcher in {"one": [], "two": _torchrun(port)}.items():
         paths.append(tmp_path / f"{name}{suffix}")
-        done = subprocess.run(
-            [sys.executable, *launcher, str(script), str(paths[-1]), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        _python([*launcher, str(script), str(paths[-1]), *args])
     return paths
+
+
+def _python(command: list[str], *, timeout: int = 300, cwd: Path | None = None):
+    """``python *command`` with one OpenMP thread a process; it must exit cleanly."""
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def _torchrun(port: int) -> list[str]:
     return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
+
+
+def _two_ranks(source: str, script: Path, port: int, *args: str) -> None:
+    """Run the script ``source`` (written to ``script``) as two torchrun ranks, with ``args``;
+    both must exit cleanly."""
+    script.write_text(source)
+    _python([*_torchrun(port), str(script), *args])
 
 
 STEP_SCRIPT = """
@@ -219,18 +232,9 @@ def test_cache_auto_is_one_choice_for_every_rank(tmp_path):
     from falconet.data.shapes import write_shapes
 
     data = write_shapes(tmp_path / "shapes", {"train": 24, "val": 4}, size=64)
-    script = tmp_path / "auto_cache.py"
-    script.write_text(AUTO_CACHE_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, *_torchrun(29549), str(script), str(tmp_path / "choice"), str(data)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    choices = [(tmp_path / f"choice.{rank}").read_text() for rank in (0, 1)]
+    choice = tmp_path / "choice"
+    _two_ranks(AUTO_CACHE_SCRIPT, tmp_path / "auto_cache.py", 29549, str(choice), str(data))
+    choices = [choice.with_name(f"choice.{rank}").read_text() for rank in (0, 1)]
     assert choices == ["none gpu", "none gpu"]
 
 
@@ -323,18 +327,8 @@ def test_the_graphed_network_under_ddp_is_bit_for_bit_the_eager_ddp_step(tmp_pat
     through DDP on two Gloo ranks with different images: the gradients a replay hands the
     parameters are all-reduced (the ranks end with one model) and the run equals eager DDP bit
     for bit after real updates (3 updates of 2 accumulated batches)."""
-    script = tmp_path / "graphed.py"
-    script.write_text(GRAPHED_SCRIPT)
     out = tmp_path / "graphed.pt"
-    done = subprocess.run(
-        [sys.executable, *_torchrun(29523), str(script), str(out)],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _two_ranks(GRAPHED_SCRIPT, tmp_path / "graphed.py", 29523, str(out))
     result = torch.load(out, weights_only=True)
     assert result["counts"]["replayed"] == 6 and result["counts"]["recorded"] == 1
     assert result["ranks_equal"]
@@ -504,16 +498,7 @@ def test_a_plain_script_without_a_guard_launches_once_and_is_not_imported_again(
         f"summary = launch({keys!r}, None, processes=2)\n"
         "print('run folder', summary['run_dir'], flush=True)\n"
     )
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _python([str(script)], timeout=600, cwd=tmp_path)
     assert done.stdout.count("imported the user script") == 1
     assert (Path(tiny_run["project"]) / "plain" / "weights" / "last.pt").exists()
 
