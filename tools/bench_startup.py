@@ -31,6 +31,9 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
   time) of the trainer's construction and of ``fit``'s start up to the first batch's end.
   ``cProfile`` slows the training thread's Python (the imports most: they are calls), so a
   profiled run's points are not the run's own; the timed runs are unprofiled by default;
+* ``collections_to_first_batch`` and ``collections_to_fit_end``: the garbage collections
+  from the child's start to the first batch's end and to ``fit``'s return, counted and timed
+  per generation, each of 1 ms or more listed (``tools/collector_log.py``);
 * ``imports_off_main``: every module a thread other than the main one imported first, with
   the thread and when (two threads importing at once is where import locks can deadlock);
 * ``val_s``: with ``val=true`` in an arm, each validation's time, from the epoch's last batch
@@ -316,6 +319,9 @@ def child(args) -> None:
     timeline_start = SPAWNED - origin
     import logging
 
+    from collector_log import CollectorLog  # tools/ is on the path
+
+    collections = CollectorLog(origin, clock=time.time).start()  # before torch's import
     imports = _FirstImports(origin)
     sys.meta_path.insert(0, imports)
     import torch
@@ -381,6 +387,9 @@ def child(args) -> None:
         "first_imports": imports.found(),
         "imports_off_main": imports.off_main,
         "fill_breakdown_s": fill.result(),
+        # the garbage collections until the first batch's end, and until the exit's start
+        "collections_to_first_batch": collections.summary(timeline.points.get("first_batch")),
+        "collections_to_fit_end": collections.summary(timeline.points.get("fit")),
         "epoch_end_s": [  # from an epoch's last batch (synchronized) to the next one's start
             round(start - end, 3)
             for end, start in zip(timeline.last_batch_ends, timeline.epoch_starts[1:], strict=False)

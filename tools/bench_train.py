@@ -15,7 +15,8 @@ Per arm and batch size:
   CPU cores busy over the same epochs (``cpu_cores``: the process's threads and its loader
   workers, from /proc); for a falconet graph backend also its captures and their host time
   over the run (``capture_s``), and the backend's log lines (``graph_log``: each capture's
-  bucket, host time and its warm-up and capture phases);
+  bucket, host time and its warm-up and capture phases); for falconet the garbage collections
+  during ``fit`` (``collections``: per generation, and each of 1 ms or more with its start);
 * **isolated step** (falconet, Ultralytics, RF-DETR): forward + loss + backward + optimizer +
   EMA on one fixed batch, 20 warm-up steps, median of 100, CUDA events;
 * **falconet only**: GPU-busy fraction (kernel time over step wall time, torch.profiler over
@@ -476,8 +477,15 @@ def run_falconet(args) -> dict:
         waits = timed_calls(trainer.checkpoints, "wait")  # inside each copy, and fit's last
         images = len(trainer.run.train_loader.dataset)
         clock.tick()  # the start of epoch 1 counts as an end, so epoch 1 is left out below
+        from collector_log import CollectorLog  # tools/ is on the path
+
+        collections = CollectorLog(clock.ends[0]).start()
         with GraphLog() as graph_log:
             trainer.fit()
+        collections.stop()
+        # the garbage collections during fit (seconds from its start): a full one holds the
+        # training thread (falconet.training.collector)
+        result["collections"] = collections.summary()
         result["graph_log"] = graph_log.lines
         # every epoch's wall time, epoch 1 included: where a short run's time goes
         result["epoch_s"] = [round(b - a, 3) for a, b in itertools.pairwise(clock.ends)]
