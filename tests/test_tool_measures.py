@@ -1,8 +1,10 @@
-"""Tools that report where time goes, on what they record: bench_startup.py's first imports and
-fp8_crossover.py's shapes and table (their GPU runs are in docs/bench-results/)."""
+"""Tools that report where time goes, on what they record: bench_startup.py's first imports,
+collector_log.py's garbage collections and fp8_crossover.py's shapes and table (their GPU runs
+are in docs/bench-results/)."""
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 
@@ -34,6 +36,28 @@ def test_the_first_import_of_a_heavy_module_is_timed_with_its_thread_and_importe
     assert [(i["name"], i["thread"]) for i in imports.off_main] == [
         ("heavy_for_the_test", "the-importer")
     ]
+
+
+def test_the_collections_of_a_span_are_counted_per_generation_and_the_slow_ones_listed(load_tool):
+    collector_log = load_tool("collector_log")
+    kept = [[n] for n in range(200_000)]  # a full collection of these takes milliseconds
+    gc.disable()  # the two collections below alone, none started by allocations
+    try:
+        log = collector_log.CollectorLog().start()
+        gc.collect(0)
+        gc.collect()
+        log.stop()
+    finally:
+        gc.enable()
+    gc.collect()  # after stop: not recorded
+    summary = log.summary()
+    assert {g: v["count"] for g, v in summary["per_generation"].items()} == {"0": 1, "1": 0, "2": 1}
+    assert [g for _, g, _ in summary["over_1_ms"]] == [2]
+    ((start, _, ms),) = summary["over_1_ms"]
+    assert ms >= 1.0 and start >= 0
+    # only the collections that started before ``until``
+    assert log.summary(until=start)["per_generation"]["2"]["count"] == 0
+    del kept
 
 
 @pytest.fixture(scope="module")
