@@ -1,8 +1,9 @@
-"""The GPU's first use beside the start-up's imports (:mod:`falconet.training.first_use`): a copy
-of the network trains a synthetic batch on a thread and leaves the run's network, its
-statistics and its gradients as they were; the copy's loss sees this process alone while the
-training thread's still sees every rank. What it saves in time is measured on the GPU machine
-by tools/bench_startup.py (docs/data.md)."""
+"""The GPU's first use beside the start-up (:mod:`falconet.training.first_use`): while the
+start-up's imports and cache fill run on a thread, a copy of the network trains a synthetic
+batch on the calling (training) thread and leaves the run's network, its statistics and its
+gradients as they were; the copy's loss sees this process alone while the other threads'
+still see every rank. What it saves in time is measured on the GPU machine by
+tools/bench_startup.py (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from falconet import ops
 from falconet.precision import BF16, FP16
-from falconet.training.first_use import first_use_beside, import_ahead
+from falconet.training.first_use import import_ahead, run_beside_first_use
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the first use it hides is a CUDA device's"
@@ -68,18 +69,24 @@ def test_a_rank_local_section_holds_for_the_thread_that_entered_it():
         dist.destroy_process_group()
 
 
-def test_off_cuda_nothing_runs_beside_the_body():
+def test_off_cuda_the_start_up_runs_on_this_thread_and_no_copy_is_made():
     built: list[nn.Module] = []
     ran = []
-    with first_use_beside(
-        network(),
-        lambda copy: built.append(copy) or mean_loss(copy),
-        BF16,
-        (2, 32, 3, 4),
-        torch.device("cpu"),
-    ):
-        ran.append(True)
-    assert ran == [True] and built == []
+
+    def start_up() -> str:
+        ran.append(threading.current_thread())
+        return "filled"
+
+    loss_for = lambda copy: built.append(copy) or mean_loss(copy)  # noqa: E731
+    cpu = torch.device("cpu")
+    assert run_beside_first_use(start_up, network(), loss_for, BF16, (2, 32, 3, 4), cpu) == "filled"
+    assert ran == [threading.current_thread()] and built == []
+
+    def refused() -> None:
+        raise ValueError("the store does not fit")
+
+    with pytest.raises(ValueError, match="does not fit"):
+        run_beside_first_use(refused, network(), loss_for, BF16, (2, 32, 3, 4), cpu)
 
 
 def test_import_ahead_imports_what_it_is_given(tmp_path, monkeypatch):
@@ -93,14 +100,21 @@ def test_import_ahead_imports_what_it_is_given(tmp_path, monkeypatch):
 
 
 @needs_cuda
-def test_the_copy_trains_beside_and_leaves_the_network_as_it_was(caplog):
+def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_network(caplog):
     device = torch.device("cuda")
     model = network().to(device, memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     interval, drawn = sys.getswitchinterval(), torch.cuda.get_rng_state(device)
     caplog.set_level(logging.INFO, logger="falconet.train")
-    with first_use_beside(model, mean_loss, FP16, (4, 64, 3, 5), device):
+    threads = []
+
+    def start_up() -> str:
+        threads.append(threading.current_thread())
         import_ahead(["torch._dynamo"])
+        return "started"
+
+    got = run_beside_first_use(start_up, model, mean_loss, FP16, (4, 64, 3, 5), device)
+    assert got == "started" and threads[0] is not threading.current_thread()
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running stats included
     assert all(p.grad is None for p in model.parameters())
@@ -112,7 +126,7 @@ def test_the_copy_trains_beside_and_leaves_the_network_as_it_was(caplog):
 
 
 @needs_cuda
-def test_a_copy_that_fails_is_a_warning_and_the_run_goes_on(caplog):
+def test_a_copy_that_fails_is_a_warning_and_the_start_up_still_counts(caplog):
     device = torch.device("cuda")
 
     def broken(model: nn.Module):
@@ -122,6 +136,18 @@ def test_a_copy_that_fails_is_a_warning_and_the_run_goes_on(caplog):
         return loss
 
     caplog.set_level(logging.WARNING, logger="falconet.train")
-    with first_use_beside(network().to(device), broken, FP16, (2, 32, 3, 4), device):
-        pass
+    model = network().to(device)
+    got = run_beside_first_use(lambda: 7, model, broken, FP16, (2, 32, 3, 4), device)
+    assert got == 7
     assert any("a loss that cannot run here" in r.message for r in caplog.records)
+
+
+@needs_cuda
+def test_what_the_start_up_raises_beside_the_copy_is_raised():
+    device = torch.device("cuda")
+
+    def refused() -> None:
+        raise ValueError("the store does not fit")
+
+    with pytest.raises(ValueError, match="does not fit"):
+        run_beside_first_use(refused, network().to(device), mean_loss, FP16, (2, 32, 3, 4), device)

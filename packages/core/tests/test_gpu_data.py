@@ -314,6 +314,18 @@ def test_a_store_too_large_for_the_gpu_is_refused_with_the_numbers():
         check_fits(118_000, 640, free=120 * gib, total=141 * gib, where="cuda:0")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the store's check is a CUDA device's")
+def test_the_store_is_checked_against_the_memory_read_before_the_first_use(tmp_path):
+    # the start-up reads the device's memory before the copy of the network takes any, and
+    # fills the store beside the copy: the check is against what it read
+    samples = photos(tmp_path / "img", count=2)
+    gib = 2**30
+    with pytest.raises(DataError, match=r"2 images at imgsz=.* of the 0\.0 GiB free"):
+        fill_store(samples, SIZE, torch.device("cuda"), memory=(1024, 80 * gib))
+    filled = fill_store(samples, SIZE, torch.device("cuda"), memory=(40 * gib, 80 * gib))
+    assert filled.on_gpu == 2
+
+
 FUSED_CHECK = """
 import sys
 import torch

@@ -104,11 +104,18 @@ class Filled:
 
 
 def fill_store(
-    samples: Sequence[Sample], size: int, device: torch.device, *, threads: int = 8
+    samples: Sequence[Sample],
+    size: int,
+    device: torch.device,
+    *,
+    threads: int = 8,
+    memory: tuple[int, int] | None = None,
 ) -> Filled:
-    """Decode ``samples`` into a store on ``device`` (module docstring)."""
+    """Decode ``samples`` into a store on ``device`` (module docstring). ``memory``: the
+    device's free and total bytes to check the store against, where the caller read them
+    before memory that is about to be given back was taken (the device's now by default)."""
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+        free, total = memory or torch.cuda.mem_get_info(device)
         check_fits(len(samples), size, free, total, str(device))
     pixels = torch.zeros(len(samples), size, size, 3, dtype=torch.uint8, device=device)
     shapes = [resized_shape(s, size) for s in samples]

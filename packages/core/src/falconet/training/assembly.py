@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from falconet import ops
-from falconet.data.gpu_cache import gpu_decoder
+from falconet.data.gpu_cache import Filled, gpu_decoder
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
@@ -48,7 +48,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.first_use import first_use_beside, import_ahead, synthetic_batch
+from falconet.training.first_use import import_ahead, run_beside_first_use, synthetic_batch
 from falconet.training.loaders import (
     build_loaders,
     fill_gpu_cache,
@@ -111,14 +111,23 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
     context = PrecisionContext(device, cfg.model_dump(), batch, cfg.imgsz, world.size)
     precision = choose_precision(cfg.amp_dtype, context, plugins)
-    model = None
+    model = gpu_cache = None
     if batch is not None:  # autobatch's probes use the GPU first instead
         model = build_network(plan, len(dataset.names), precision, device)
         synthetic = (batch, cfg.imgsz, synthetic_boxes(cfg, dataset), len(dataset.names))
         loss_for = functools.partial(build_loss, plan, plugins)
-        with first_use_beside(model, loss_for, precision, synthetic, device):
+        # the memory the store is checked against: the device's once the copy has given its back
+        memory = torch.cuda.mem_get_info(device) if device.type == "cuda" else None
+
+        def start_up() -> Filled | None:
             import_ahead(imported_anyway(cfg))
-    gpu_cache = fill_gpu_cache(cfg, dataset, device, world) if cfg.cache == "gpu" else None
+            if cfg.cache != "gpu":
+                return None
+            return fill_gpu_cache(cfg, dataset, device, world, memory)
+
+        gpu_cache = run_beside_first_use(start_up, model, loss_for, precision, synthetic, device)
+    if cfg.cache == "gpu" and gpu_cache is None:
+        gpu_cache = fill_gpu_cache(cfg, dataset, device, world)
     if model is None:  # after the GPU cache, whose memory the step cannot have
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
         cfg = cfg.model_copy(update={"batch": batch})

@@ -101,10 +101,15 @@ def host_cache(cache: str) -> str:
 
 
 def fill_gpu_cache(
-    cfg: TrainConfig, dataset: Dataset, device: torch.device, world: World = ONE_PROCESS
+    cfg: TrainConfig,
+    dataset: Dataset,
+    device: torch.device,
+    world: World = ONE_PROCESS,
+    memory: tuple[int, int] | None = None,
 ) -> Filled:
     """``cache=gpu``: this rank's training images (:func:`gpu_shard`) decoded into
-    ``device``'s memory (:mod:`falconet.data.gpu_cache`); refused off CUDA."""
+    ``device``'s memory (:mod:`falconet.data.gpu_cache`; ``memory`` as there); refused off
+    CUDA."""
     if device.type != "cuda":
         raise ConfigError(
             f"cache=gpu keeps the images in GPU memory and this run is on {device.type}; "
@@ -112,7 +117,8 @@ def fill_gpu_cache(
         )
     start = time.perf_counter()
     gpu_render.compile_in_background(device, cfg.imgsz)  # while the store fills
-    filled = fill_store(gpu_shard(train_samples(cfg, dataset), world), cfg.imgsz, device)
+    samples = gpu_shard(train_samples(cfg, dataset), world)
+    filled = fill_store(samples, cfg.imgsz, device, memory=memory)
     log.info(
         "cache=gpu: %d images decoded in %.1f s (%d by nvJPEG, %d on the CPU)%s",
         filled.on_gpu + filled.on_cpu,
