@@ -105,7 +105,7 @@ def run_beside_first_use(
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="falconet-start-up") as pool:
-            started = pool.submit(start_up)
+            started = pool.submit(_on_device, start_up, device)
             seconds, error = _train_a_copy(model, loss_for, precision, synthetic, device)
             copied = time.perf_counter()
             result = started.result()  # what start_up raised is raised here
@@ -114,6 +114,13 @@ def run_beside_first_use(
         sys.setswitchinterval(interval)
         torch.cuda.empty_cache()  # the copy's blocks: the device's again
     return result
+
+
+def _on_device(function: Callable[[], T], device: torch.device) -> T:
+    """``function()`` with ``device`` current on this thread (a new thread's is the first
+    GPU, whatever the training thread's is)."""
+    with torch.cuda.device(device):
+        return function()
 
 
 def _train_a_copy(model, loss_for, precision, synthetic, device) -> tuple[float, Exception | None]:
