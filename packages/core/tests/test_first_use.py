@@ -111,12 +111,15 @@ def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_netwo
     def start_up() -> str:
         threads.append(threading.current_thread())
         threads.append(torch.cuda.current_device())
+        threads.append(torch.cuda.current_stream(device))
         import_ahead(["torch._dynamo"])
         return "started"
 
     got = run_beside_first_use(start_up, model, mean_loss, FP16, (4, 64, 3, 5), device)
     assert got == "started" and threads[0] is not threading.current_thread()
     assert threads[1] == torch.cuda.current_device()  # the run's device, on that thread too
+    # its GPU work is off the stream the copy's convolutions are timed on
+    assert threads[2] != torch.cuda.current_stream(device)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running stats included
     assert all(p.grad is None for p in model.parameters())

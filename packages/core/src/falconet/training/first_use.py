@@ -105,7 +105,7 @@ def run_beside_first_use(
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="falconet-start-up") as pool:
-            started = pool.submit(_on_device, start_up, device)
+            started = pool.submit(_on_a_stream_of_its_own, start_up, device)
             seconds, error = _train_a_copy(model, loss_for, precision, synthetic, device)
             copied = time.perf_counter()
             result = started.result()  # what start_up raised is raised here
@@ -116,11 +116,20 @@ def run_beside_first_use(
     return result
 
 
-def _on_device(function: Callable[[], T], device: torch.device) -> T:
+def _on_a_stream_of_its_own(function: Callable[[], T], device: torch.device) -> T:
     """``function()`` with ``device`` current on this thread (a new thread's is the first
-    GPU, whatever the training thread's is)."""
-    with torch.cuda.device(device):
-        return function()
+    GPU, whatever the training thread's is) and a stream of its own current on it, waited for
+    before returning. The copy's convolutions are timed on the training thread's stream, and
+    cuDNN times a candidate by events around it on that stream: GPU work of the start-up's
+    queued there (the cache's resizes, and the waits for nvJPEG: torchvision decodes on a
+    stream of its own and makes the caller's stream wait for each batch) would run between
+    the events and be counted to whichever candidate it fell beside, and a slower candidate
+    could be kept for the whole run."""
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        result = function()
+    stream.synchronize()  # what it left on the device is there for the training thread
+    return result
 
 
 def _train_a_copy(model, loss_for, precision, synthetic, device) -> tuple[float, Exception | None]:
