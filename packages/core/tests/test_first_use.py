@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -156,3 +157,23 @@ def test_what_the_start_up_raises_beside_the_copy_is_raised():
 
     with pytest.raises(ValueError, match="does not fit"):
         run_beside_first_use(refused, network().to(device), mean_loss, FP16, (2, 32, 3, 4), device)
+
+
+@needs_cuda
+def test_an_interrupt_during_the_copy_is_raised_without_waiting_for_the_start_up():
+    """Ctrl-C while the copy trains ends the start-up at once: the start-up's thread (a cache
+    still filling) is not waited for."""
+    device = torch.device("cuda")
+
+    def interrupted(model):
+        def loss(outputs, targets):
+            raise KeyboardInterrupt
+
+        return loss
+
+    begun = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_beside_first_use(
+            lambda: time.sleep(30), network().to(device), interrupted, FP16, (2, 32, 3, 4), device
+        )
+    assert time.perf_counter() - begun < 10

@@ -116,7 +116,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         model = build_network(plan, len(dataset.names), precision, device)
         synthetic = (batch, cfg.imgsz, synthetic_boxes(cfg, dataset), len(dataset.names))
         loss_for = functools.partial(build_loss, plan, plugins)
-        # the memory the store is checked against: the device's once the copy has given its back
+        # the memory the store is checked against: the device's before the copy takes any
         memory = torch.cuda.mem_get_info(device) if device.type == "cuda" else None
 
         def start_up() -> Filled | None:

@@ -22,15 +22,22 @@ has generators of its own, and what the network or its loss draws comes from the
 states as they were, put back after it), and its loss sees this process alone
 (:func:`falconet.ops.rank_local`, per thread), so in a distributed run it issues no
 collective. The cache's memory is checked against the device's free memory read before the
-copy took any (the caller reads it). Only autocast backends are used this way: a backend that
-converts the network (FP8) keeps state per module that a copy would share.
+copy took any (the caller reads it): the cache may take half of it, and the copy, one batch
+of the step's own size, needs no more than the step will in the other half. Only autocast
+backends are used this way: a backend that converts the network (FP8) keeps state per module
+that a copy would share.
 
-Two threads import at once here. Python's per-module import locks make that safe unless the
-modules the two import form a cycle between them. The training thread imports only what the
-copy's forward and loss import lazily: for YOLO with ``tal``, the assigner's implementation
-(``falconet_detect.assigners.tal`` and ``.common``), which import nothing the start-up's
-thread is importing. Neither ``torch._dynamo`` nor torchvision sets a signal handler when
+Two threads import at once here. The training thread imports what the copy's forward, loss and
+backward import on first use: the assigner's implementation, and modules of torch's that the
+backward loads, some of which ``torch._dynamo``'s import on the other thread reaches too.
+Python's per-module import locks make that safe: a thread wanting a module the other is
+importing waits for it, and a cycle of two such waits is detected and broken by handing one
+thread the partly initialised module, which only a module needing its importer at import
+time would notice. Neither ``torch._dynamo`` nor torchvision sets a signal handler when
 imported, which only the main thread may do.
+
+The start-up's thread is a daemon: a run interrupted while it starts (Ctrl-C) raises at once
+on the training thread instead of waiting for the cache to fill.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ import copy
 import importlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import torch
@@ -104,16 +112,30 @@ def run_beside_first_use(
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="falconet-start-up") as pool:
-            started = pool.submit(_on_a_stream_of_its_own, start_up, device)
-            seconds, error = _train_a_copy(model, loss_for, precision, synthetic, device)
-            copied = time.perf_counter()
-            result = started.result()  # what start_up raised is raised here
-            report(seconds, error, time.perf_counter() - copied)
-    finally:
+        started = _started_beside(start_up, device)
+        seconds, error = _train_a_copy(model, loss_for, precision, synthetic, device)
+        copied = time.perf_counter()
+        result = started.result()  # what start_up raised is raised here
+        report(seconds, error, time.perf_counter() - copied)
+    finally:  # also on Ctrl-C, without waiting for the start-up's thread
         sys.setswitchinterval(interval)
         torch.cuda.empty_cache()  # the copy's blocks: the device's again
     return result
+
+
+def _started_beside(function: Callable[[], T], device: torch.device) -> Future[T]:
+    """``function`` running on a daemon thread (:func:`_on_a_stream_of_its_own`): its result,
+    or what it raised, in the future returned."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(_on_a_stream_of_its_own(function, device))
+        except BaseException as exc:  # handed to the training thread
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="falconet-start-up", daemon=True).start()
+    return done
 
 
 def _on_a_stream_of_its_own(function: Callable[[], T], device: torch.device) -> T:
