@@ -33,7 +33,7 @@ from falconet.data.loader import stop_workers
 from falconet.data.targets import Targets
 from falconet.evaluation.contract import EvalResult
 from falconet.plugins import Plugins
-from falconet.training import distributed, validation
+from falconet.training import collector, distributed, validation
 from falconet.training.assembly import assemble, describe
 from falconet.training.callbacks import CallbackList
 from falconet.training.checkpoint import (
@@ -75,7 +75,8 @@ class Trainer:
 
     def __init__(self, plan: Plan, plugins: Plugins, callbacks: Iterable[Any] = ()) -> None:
         self.plugins = plugins
-        self.run = run = assemble(plan, plugins)
+        with collector.paused():  # what the start-up makes lives as long as the run
+            self.run = run = assemble(plan, plugins)
         self.cfg = cfg = run.config
         self.progress = run.progress
         self._batches: Iterator[dict[str, Any]] | None = None  # one iterator over all epochs
@@ -135,6 +136,12 @@ class Trainer:
         """Train to ``epochs`` (or an early stop); returns the final metrics and paths."""
         run, cfg = self.run, self.cfg
         run.train_loader.batch_sampler.set_epochs(self.progress.epoch, cfg.epochs)
+        with collector.frozen():  # collections walk what training makes, not the start-up's
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
+        """The epochs, their saves and the workers' end (:meth:`fit`)."""
+        run, cfg = self.run, self.cfg
         self._batches = iter(run.train_loader)
         try:
             self.callbacks.fire("on_train_start", self.state)

@@ -1,0 +1,58 @@
+"""Python's cyclic garbage collector around a run: paused while the run is assembled, and kept
+off the start-up's objects while it trains.
+
+A full collection walks every object the interpreter tracks, holding the interpreter the whole
+time, and Python starts one whenever the objects that survived younger collections since the
+last full one reach a quarter of those it already holds. With torch, ``torch._dynamo`` (which
+brings sympy) and a run in memory that is several hundred thousand objects: the full
+collections fall in the start-up's imports (``torch._dynamo``'s, several times) and, much
+later, in training, once enough of the batches' short-lived objects have been promoted; there
+one holds the training thread while the GPU drains its queue. What each costs, measured:
+docs/performance.md ("The garbage collector").
+
+* :func:`paused`: the collector off while the run is assembled (the imports made ahead, the
+  dataset's check, the network, the GPU cache): what that makes lives as long as the run. It
+  is switched back on after, and the next collection walks what was made meanwhile once.
+* :func:`frozen`: while :meth:`~falconet.training.trainer.Trainer.fit` trains, the objects
+  alive at its start are moved out of the collector's reach (:func:`gc.freeze`), so its
+  collections walk only what training makes; they are put back when ``fit`` ends
+  (:func:`gc.unfreeze`), so that a run dropped afterwards (a trainer and its parts refer to
+  each other) is collected. Loader workers forked meanwhile share those objects' pages with
+  the trainer instead of copying them as a collection touches them (the use
+  :func:`gc.freeze` documents). A process that froze objects itself keeps its own freeze:
+  nothing is frozen or put back then.
+
+Both change process-wide state and put it back as it was, also when the block raises.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """The cyclic collector off inside the block; on again after, where it was on before."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+@contextmanager
+def frozen() -> Iterator[None]:
+    """Every object alive now out of the collector's reach inside the block (module
+    docstring); back in it after, unless the process had frozen objects itself."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -1,0 +1,115 @@
+"""The garbage collector around a run (falconet.training.collector): no collection while the
+run is assembled, the start-up's objects frozen while it trains and put back after, and the
+process's own collector settings left as they were."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from falconet.plugins import get_plugins
+from falconet.training import collector
+from falconet.training import trainer as trainer_module
+from falconet.training.planning import plan_run
+from falconet.training.trainer import Trainer
+
+
+@pytest.fixture
+def collections():
+    """The generations of the collections started while the test runs, in order."""
+    started: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        yield started
+    finally:
+        gc.callbacks.remove(count)
+        gc.enable()
+
+
+def _plan(tiny_run: dict[str, str], plugins, epochs: int = 1):
+    return plan_run({**tiny_run, "model": "yolo-n", "epochs": str(epochs), "val": "false"}, plugins)
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_no_collection_runs_while_a_run_is_assembled(tiny_run, collections, monkeypatch, was_on):
+    plugins = get_plugins()
+    # assembling with the collector on starts collections: the test can see one
+    collections.clear()
+    trainer_module.assemble(_plan(tiny_run, plugins), plugins)
+    assert collections, "assembling a run made too few objects to start a collection"
+
+    seen = {}
+    real = trainer_module.assemble
+
+    def observed(plan, plugins):
+        seen["on"] = gc.isenabled()
+        collections.clear()
+        run = real(plan, plugins)
+        seen["collections"] = list(collections)
+        return run
+
+    monkeypatch.setattr(trainer_module, "assemble", observed)
+    (gc.enable if was_on else gc.disable)()
+    Trainer(_plan(tiny_run, plugins), plugins)
+    assert seen == {"on": False, "collections": []}
+    assert gc.isenabled() is was_on  # as the process had it
+
+
+class _FreezeCount:
+    """Records the process's frozen object count at each epoch's end."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def on_epoch_end(self, run, row) -> None:
+        self.counts.append(gc.get_freeze_count())
+
+
+def test_training_freezes_the_start_up_and_a_dropped_run_is_collected(tiny_run):
+    plugins = get_plugins()
+    watch = _FreezeCount()
+    trainer = Trainer(_plan(tiny_run, plugins, epochs=2), plugins, [watch])
+    made = len(gc.get_objects())
+    trainer.fit()
+    # every epoch trained with at least the start-up's objects frozen
+    assert len(watch.counts) == 2 and min(watch.counts) >= made // 2
+    assert gc.get_freeze_count() == 0  # put back when fit ended
+    # a trainer and its parts refer to each other: only a collection frees them, which a
+    # freeze left in place would have prevented
+    dropped = weakref.ref(trainer)
+    del trainer
+    gc.collect()
+    assert dropped() is None
+
+
+def test_a_process_that_froze_objects_keeps_its_own_freeze(tiny_run):
+    plugins = get_plugins()
+    watch = _FreezeCount()
+    trainer = Trainer(_plan(tiny_run, plugins), plugins, [watch])
+    gc.freeze()
+    try:
+        own = gc.get_freeze_count()
+        trainer.fit()
+        # nothing more frozen while training (the count falls as frozen objects are freed)
+        assert len(watch.counts) == 1 and watch.counts[0] <= own
+        assert 0 < gc.get_freeze_count() <= own  # and nothing of its own put back
+    finally:
+        gc.unfreeze()
+
+
+def test_both_put_the_collector_back_when_the_block_raises():
+    gc.enable()
+    with pytest.raises(RuntimeError), collector.paused():
+        raise RuntimeError("inside")
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector.frozen():
+        assert gc.get_freeze_count() > 0
+        raise RuntimeError("inside")
+    assert gc.get_freeze_count() == 0
