@@ -104,6 +104,16 @@ def test_a_process_that_froze_objects_keeps_its_own_freeze(tiny_run):
         gc.unfreeze()
 
 
+def test_what_was_made_while_paused_waits_in_the_oldest_generation():
+    gc.enable()
+    with collector.paused():
+        made = [[n] for n in range(1000)]  # more than a young collection's threshold
+    # in the oldest generation at once, with no collection run: a young one would not walk it
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(m) in oldest for m in made)
+    assert gc.get_freeze_count() == 0
+
+
 def test_both_put_the_collector_back_when_the_block_raises():
     gc.enable()
     with pytest.raises(RuntimeError), collector.paused():

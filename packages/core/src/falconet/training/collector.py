@@ -12,7 +12,9 @@ docs/performance.md ("The garbage collector").
 
 * :func:`paused`: the collector off while the run is assembled (the imports made ahead, the
   dataset's check, the network, the GPU cache): what that makes lives as long as the run. It
-  is switched back on after, and the next collection walks what was made meanwhile once.
+  is switched back on after, with what was made meanwhile moved to the oldest generation
+  (:func:`gc.freeze` then :func:`gc.unfreeze`, which is what the latter does with frozen
+  objects), so that the next young collection does not walk all of it at once.
 * :func:`frozen`: while :meth:`~falconet.training.trainer.Trainer.fit` trains, the objects
   alive at its start are moved out of the collector's reach (:func:`gc.freeze`), so its
   collections walk only what training makes; they are put back when ``fit`` ends
@@ -34,12 +36,17 @@ from contextlib import contextmanager
 
 @contextmanager
 def paused() -> Iterator[None]:
-    """The cyclic collector off inside the block; on again after, where it was on before."""
+    """The cyclic collector off inside the block; on again after, where it was on before,
+    with the objects alive then in the oldest generation (module docstring) unless the process
+    had frozen objects itself."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if not gc.get_freeze_count():
+            gc.freeze()
+            gc.unfreeze()
         if was_on:
             gc.enable()
 
