@@ -7,8 +7,8 @@ last full one reach a quarter of those it already holds. With torch, ``torch._dy
 brings sympy) and a run in memory that is several hundred thousand objects: the full
 collections fall in the start-up's imports (``torch._dynamo``'s, several times) and, much
 later, in training, once enough of the batches' short-lived objects have been promoted; there
-one holds the training thread while the GPU drains its queue. What each costs, measured:
-docs/performance.md ("The garbage collector").
+one holds the training thread while the GPU drains its queue (docs/performance.md, "The
+garbage collector"; what each costs, measured: the lab log).
 
 * :func:`paused`: the collector off while the run is assembled (the imports made ahead, the
   dataset's check, the network, the GPU cache): what that makes lives as long as the run. It
