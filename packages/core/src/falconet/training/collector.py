@@ -21,10 +21,15 @@ garbage collector"; what each costs, measured: the lab log).
   (:func:`gc.unfreeze`), so that a run dropped afterwards (a trainer and its parts refer to
   each other) is collected. Loader workers forked meanwhile share those objects' pages with
   the trainer instead of copying them as a collection touches them (the use
-  :func:`gc.freeze` documents). A process that froze objects itself keeps its own freeze:
-  nothing is frozen or put back then.
+  :func:`gc.freeze` documents).
 
-Both change process-wide state and put it back as it was, also when the block raises.
+:func:`gc.unfreeze` puts back every frozen object, not only the ones frozen here: also those
+the interpreter froze at its own start (CPython 3.12 does, a few hundred) and those a process
+froze before a run. Both functions use it, so such objects are in the collector's reach again
+after a run starts. Telling them apart is not possible (a count is all :mod:`gc` gives), and a
+guard that froze nothing where anything was frozen already did nothing at all on 3.12.
+The collector's switch (:func:`gc.isenabled`) is put back as it was, also when the block
+raises.
 """
 
 from __future__ import annotations
@@ -37,27 +42,22 @@ from contextlib import contextmanager
 @contextmanager
 def paused() -> Iterator[None]:
     """The cyclic collector off inside the block; on again after, where it was on before,
-    with the objects alive then in the oldest generation (module docstring) unless the process
-    had frozen objects itself."""
+    with the objects alive then in the oldest generation (module docstring)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if not gc.get_freeze_count():
-            gc.freeze()
-            gc.unfreeze()
+        gc.freeze()
+        gc.unfreeze()
         if was_on:
             gc.enable()
 
 
 @contextmanager
 def frozen() -> Iterator[None]:
-    """Every object alive now out of the collector's reach inside the block (module
-    docstring); back in it after, unless the process had frozen objects itself."""
-    if gc.get_freeze_count():
-        yield
-        return
+    """Every object alive now out of the collector's reach inside the block, every frozen
+    object back in it after (module docstring)."""
     gc.freeze()
     try:
         yield
