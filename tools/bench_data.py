@@ -7,11 +7,13 @@ left out; the rate is the median over the remaining epochs. It also times single
 decoding with each library present, the measurement behind the choice of decoder.
 
 With ``--gpu`` (a CUDA device) it measures ``cache=gpu`` beside ``cache=ram`` with
-``--gpu-workers`` workers, at each of ``--gpu-batches``: the store's fill (seconds, images
-decoded by nvJPEG and on the CPU, GiB), how far its images are from the CPU cache's (mean
-absolute difference in levels), and per batch size the loader's rate, every epoch synchronised
-with the GPU at its end, and the CPU cores the process kept busy meanwhile (process CPU time
-over wall time, loader threads and workers included); and the render alone, the fused
+``--gpu-workers`` workers, at each of ``--gpu-batches``: the store's fill by each decoder
+(:func:`fill_times`: the CPU threads, nvJPEG's first call and a later one); of the store
+nvJPEG filled, the images decoded by nvJPEG and on the CPU, its GiB, and how far its images
+are from the CPU cache's (mean absolute difference in levels); and per batch size the
+loader's rate, every epoch synchronised with the GPU at its end, and the CPU cores the
+process kept busy meanwhile (process CPU time over wall time, loader threads and workers
+included); and the render alone, the fused
 Triton kernel against the torch operations it fuses (median ms per batch over 20 batches of
 the same plans, CUDA events, after 3 warm-up renders; the largest and mean difference
 between the two in levels); with ``--render-configs``, the fused kernel alone at each launch
@@ -220,6 +222,29 @@ def render_config_times(loader, configs: list[tuple[int, int]], count: int = 20)
     return result
 
 
+def fill_times(samples, size: int, device: torch.device) -> dict[str, float]:
+    """The store's fill by each decoder, synchronized (the choice between them:
+    ``falconet.data.gpu_cache.NVJPEG_FROM``): ``torch._dynamo``'s import first, as a run makes
+    it ahead; then the CPU threads; then nvJPEG cold (its first call in the process:
+    torchvision's import, which reaches the ``torch._dynamo`` imported, and the decoder's
+    creation) and warm (the decoder made)."""
+    from falconet.data.gpu_cache import fill_store
+
+    def timed(action) -> float:
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        action()
+        torch.cuda.synchronize(device)
+        return round(time.perf_counter() - start, 3)
+
+    times = {"dynamo_import_s": timed(lambda: __import__("torch._dynamo"))}
+    for name, nvjpeg_from in (("cpu", len(samples) + 1), ("nvjpeg_cold", 1), ("nvjpeg_warm", 1)):
+        fill = lambda n=nvjpeg_from: fill_store(samples, size, device, nvjpeg_from=n)  # noqa: E731
+        times[f"{name}_s"] = timed(fill)
+        times[f"{name}_img_s"] = round(len(samples) / times[f"{name}_s"])
+    return times
+
+
 def gpu_section(args, samples) -> dict:
     """cache=gpu against cache=ram (module docstring)."""
     from falconet.data.gpu_cache import fill_store
@@ -228,10 +253,10 @@ def gpu_section(args, samples) -> dict:
 
     device = torch.device("cuda")
     unique = list({s.image_id: s for s in samples}.values())
-    start = time.perf_counter()
-    filled = fill_store(unique, args.imgsz, device)
-    torch.cuda.synchronize(device)
-    fill_s = time.perf_counter() - start
+    fills = fill_times(unique, args.imgsz, device)
+    print(f"fill: {fills}", flush=True)
+    filled = fill_store(unique, args.imgsz, device, nvjpeg_from=1)
+    fill_s = fills["nvjpeg_warm_s"]
     ram = DetectionDataset(unique, args.imgsz, cache="ram")
     diffs = []
     for i, image in enumerate(ram._ram):
@@ -240,7 +265,8 @@ def gpu_section(args, samples) -> dict:
         diffs.append(float(np.abs(stored - image.astype(int)).mean()))
     result: dict = {
         "images": len(unique),
-        "fill_s": round(fill_s, 2),
+        "fills": fills,
+        "fill_s": round(fill_s, 3),
         "fill_img_s": round(len(unique) / fill_s),
         "nvjpeg": filled.on_gpu,
         "cpu_decoded": filled.on_cpu,

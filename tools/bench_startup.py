@@ -205,8 +205,8 @@ class _FillBreakdown:
         decode_all = gpu_cache._decode_jpegs_on_gpu
 
         def decode_jpegs(*args, **kwargs):
-            # torchvision is imported by now (the start-up's import_ahead): wrapping its
-            # decoder here leaves the imports where the run makes them
+            # where nvJPEG decodes, the fill is about to import torchvision: importing it
+            # here, to wrap its decoder, moves that import before the fill's first reads
             import torchvision.io
 
             if "decode_jpeg" not in self.calls:  # wrapped once

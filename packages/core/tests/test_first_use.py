@@ -19,7 +19,7 @@ from torch import nn
 
 from falconet import ops
 from falconet.precision import BF16, FP16
-from falconet.training.first_use import import_ahead, run_beside_first_use
+from falconet.training.first_use import imports_ahead, run_beside_first_use
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the first use it hides is a CUDA device's"
@@ -90,14 +90,19 @@ def test_off_cuda_the_start_up_runs_on_this_thread_and_no_copy_is_made():
         run_beside_first_use(refused, network(), loss_for, BF16, (2, 32, 3, 4), cpu)
 
 
-def test_import_ahead_imports_what_it_is_given(tmp_path, monkeypatch):
+def test_imports_ahead_imports_on_a_thread_and_leaves_a_failure_to_the_run(tmp_path, monkeypatch):
     (tmp_path / "imported_ahead_for_the_test.py").write_text("IMPORTED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "imported_ahead_for_the_test", raising=False)
-    import_ahead(["imported_ahead_for_the_test"])
-    assert sys.modules["imported_ahead_for_the_test"].IMPORTED
-    with pytest.raises(ModuleNotFoundError):
-        import_ahead(["no_such_module_for_the_test"])
+    failures = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    thread = imports_ahead(["no_such_module_for_the_test", "imported_ahead_for_the_test"])
+    assert thread.daemon and thread is not threading.current_thread()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and failures == []  # the thread ended without raising
+    assert sys.modules["imported_ahead_for_the_test"].IMPORTED  # the failure stopped nothing
+    with pytest.raises(ModuleNotFoundError):  # the run's own import raises it
+        import no_such_module_for_the_test  # noqa: F401
 
 
 @needs_cuda
@@ -113,7 +118,7 @@ def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_netwo
         threads.append(threading.current_thread())
         threads.append(torch.cuda.current_device())
         threads.append(torch.cuda.current_stream(device))
-        import_ahead(["torch._dynamo"])
+        imports_ahead(["torch._dynamo"]).join()
         return "started"
 
     got = run_beside_first_use(start_up, model, mean_loss, FP16, (4, 64, 3, 5), device)

@@ -155,7 +155,7 @@ def test_the_store_fill_decodes_resizes_and_leaves_out_what_cannot_decode(tmp_pa
     no_boxes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
     samples += [Sample(broken, 99, 200, 100, *no_boxes), Sample(empty, 98, 200, 100, *no_boxes)]
     with caplog.at_level(logging.WARNING, logger="falconet.data"):
-        filled = fill_store(samples, SIZE, torch.device(device))
+        filled = fill_store(samples, SIZE, torch.device(device), nvjpeg_from=1)
     # the two slots left out hold the first two images again: the store keeps its length
     assert [s.image_id for s in filled.samples] == [0, 1, 2, 3, 0, 1]
     assert filled.left_out == [str(broken), str(empty)]
@@ -233,7 +233,7 @@ def test_jpegs_stored_turned_are_stored_upright_as_the_dataset_check_measured(tm
     assert [s.exif_oriented for s in samples] == [False, True, True]
     assert [(s.width, s.height) for s in samples] == [(200, 120)] * 3
     assert for_nvjpeg(samples) == [0]
-    filled = fill_store(samples, SIZE, torch.device(device))
+    filled = fill_store(samples, SIZE, torch.device(device), nvjpeg_from=1)
     upright = torch.from_numpy(DetectionDataset(samples[:1], SIZE, cache="ram")._ram[0]).int()
     for i in range(3):
         h, w = filled.store.shapes[i]
@@ -261,7 +261,7 @@ def test_grey_cmyk_and_progressive_jpegs_are_stored_as_the_cpu_cache_holds_them(
     names = ("grey", "cmyk", "progressive")
     candidates = [Candidate(folder / f"{name}.jpg", i) for i, name in enumerate(names)]
     samples = check_split("train", candidates, 1, cache_key=str(tmp_path)).samples
-    filled = fill_store(samples, SIZE, torch.device(device))
+    filled = fill_store(samples, SIZE, torch.device(device), nvjpeg_from=1)
     assert filled.left_out == [] and filled.on_gpu + filled.on_cpu == 3
     ram = DetectionDataset(samples, SIZE, cache="ram")
     for i in range(3):
@@ -290,20 +290,29 @@ def test_without_torchvision_the_gpu_store_decodes_every_image_on_the_cpu(
     samples = photos(tmp_path / "img", count=3)
     without_torchvision(monkeypatch)
     with caplog.at_level(logging.INFO, logger="falconet.data"):
-        filled = fill_store(samples, SIZE, torch.device("cuda"))
+        filled = fill_store(samples, SIZE, torch.device("cuda"), nvjpeg_from=1)
     assert (filled.on_gpu, filled.on_cpu, filled.left_out) == (0, 3, [])
     assert "torchvision is not installed, so every image is decoded on the CPU" in caplog.text
 
 
-def test_the_start_up_imports_the_gpu_decoder_only_where_it_is_installed(monkeypatch):
-    from falconet.training.assembly import imported_anyway
-    from falconet.training.config import TrainConfig
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="nvJPEG decodes on a CUDA device")
+def test_a_store_of_fewer_jpegs_than_nvjpeg_takes_decodes_them_on_the_cpu(tmp_path, caplog):
+    """Below :data:`NVJPEG_FROM` files the CPU threads decode (no wait for torchvision's
+    import): an image at its stored size then holds the CPU cache's pixels exactly."""
+    from falconet.data.gpu_cache import NVJPEG_FROM
 
-    gpu = TrainConfig(data="coco128.yaml", cache="gpu")
-    assert imported_anyway(gpu) == ["torch._dynamo", "torchvision.io"]
-    assert imported_anyway(gpu.model_copy(update={"cache": "ram"})) == ["torch._dynamo"]
-    without_torchvision(monkeypatch)
-    assert imported_anyway(gpu) == ["torch._dynamo"]
+    samples = photos(tmp_path / "img", count=3)
+    size = max(samples[0].width, samples[0].height)  # the first image is stored as it is
+    assert len(samples) < NVJPEG_FROM
+    with caplog.at_level(logging.INFO, logger="falconet.data"):
+        filled = fill_store(samples, size, torch.device("cuda"))
+    assert (filled.on_gpu, filled.on_cpu, filled.left_out) == (0, 3, [])
+    assert "torchvision is not installed" not in caplog.text  # nvJPEG was not wanted
+    ram = DetectionDataset(samples, size, cache="ram")._ram
+    h, w = filled.store.shapes[0]
+    assert (h, w) == (samples[0].height, samples[0].width) == ram[0].shape[:2]
+    assert torch.equal(filled.store.pixels[0, :h, :w].cpu(), torch.from_numpy(ram[0]))
+    assert fill_store(samples, size, torch.device("cuda"), nvjpeg_from=3).on_gpu == 3
 
 
 def test_a_store_too_large_for_the_gpu_is_refused_with_the_numbers():
@@ -323,7 +332,7 @@ def test_the_store_is_checked_against_the_memory_read_before_the_first_use(tmp_p
     with pytest.raises(DataError, match=r"2 images at imgsz=.* of the 0\.0 GiB free"):
         fill_store(samples, SIZE, torch.device("cuda"), memory=(1024, 80 * gib))
     filled = fill_store(samples, SIZE, torch.device("cuda"), memory=(40 * gib, 80 * gib))
-    assert filled.on_gpu == 2
+    assert filled.on_gpu + filled.on_cpu == 2
 
 
 FUSED_CHECK = """

@@ -11,7 +11,9 @@ batches; torchvision is not a dependency of falconet-core: without it every file
 CPU decoder, and the log says so once), everything else by the CPU decoder the loader always
 uses (OpenCV): any JPEG nvJPEG refuses, and any JPEG stored turned or mirrored (an EXIF
 orientation other than 1, :attr:`Sample.exif_oriented`), which OpenCV turns as the dataset
-check measured it and nvJPEG would not. An image neither can decode is left out with one
+check measured it and nvJPEG would not. A store of fewer JPEG files than :data:`NVJPEG_FROM`
+decodes them all on the CPU threads, which start at once where nvJPEG's first call waits for
+torchvision's import and the decoder's creation. An image neither can decode is left out with one
 counted warning, never a crash: its slot holds another image of the store, so the store keeps
 its length and every rank of a distributed run as many batches an epoch. Each image is resized
 on the device (area averaging when shrinking, bilinear when enlarging, as OpenCV's
@@ -45,6 +47,13 @@ STORE_SHARE = 0.5
 
 DECODE_BATCH = 64
 """JPEG files handed to nvJPEG per call."""
+
+NVJPEG_FROM = 1024
+"""The fewest JPEG files a store hands to nvJPEG; a store of fewer decodes them on the CPU
+threads. nvJPEG's first call waits for torchvision's import, which imports ``torch._dynamo``
+(about a second, made ahead beside the GPU's first use: :mod:`falconet.training.first_use`),
+and creates the decoder, while the CPU threads start at once: in that time they decode more
+images than a small store holds (the measurement: docs/data.md, "Which decoder")."""
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 
@@ -110,10 +119,13 @@ def fill_store(
     *,
     threads: int = 8,
     memory: tuple[int, int] | None = None,
+    nvjpeg_from: int = NVJPEG_FROM,
 ) -> Filled:
     """Decode ``samples`` into a store on ``device`` (module docstring). ``memory``: the
     device's free and total bytes to check the store against, where the caller read them
-    before memory that is about to be given back was taken (the device's now by default)."""
+    before memory that is about to be given back was taken (the device's now by default).
+    nvJPEG decodes the JPEGs where there are at least ``nvjpeg_from`` of them
+    (:data:`NVJPEG_FROM`), the CPU threads otherwise."""
     if device.type == "cuda":
         free, total = memory or torch.cuda.mem_get_info(device)
         check_fits(len(samples), size, free, total, str(device))
@@ -121,13 +133,14 @@ def fill_store(
     shapes = [resized_shape(s, size) for s in samples]
     decoded = [False] * len(samples)
     on_gpu = 0
-    if device.type == "cuda" and gpu_decoder() is None:
+    nvjpeg = device.type == "cuda" and len(for_nvjpeg(samples)) >= nvjpeg_from
+    if nvjpeg and gpu_decoder() is None:
         log.info(
             "cache=gpu: torchvision is not installed, so every image is decoded on the CPU; "
             "pip install torchvision (the build matching torch %s) to decode JPEGs with nvJPEG",
             torch.__version__,
         )
-    elif device.type == "cuda":
+    elif nvjpeg:
         on_gpu = _decode_jpegs_on_gpu(samples, pixels, shapes, decoded, threads)
     left_out: list[str] = []
     on_cpu = 0

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from falconet import ops
-from falconet.data.gpu_cache import Filled, gpu_decoder
+from falconet.data.gpu_cache import Filled
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
@@ -48,7 +48,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.first_use import import_ahead, run_beside_first_use, synthetic_batch
+from falconet.training.first_use import imports_ahead, run_beside_first_use, synthetic_batch
 from falconet.training.loaders import (
     build_loaders,
     fill_gpu_cache,
@@ -61,6 +61,10 @@ from falconet.training.planning import ModelSpec, Plan
 from falconet.training.step import Progress, StepParts, TrainStep
 
 log = logging.getLogger("falconet.train")
+
+IMPORTED_ANYWAY = ("torch._dynamo",)
+"""The slow imports a run makes later anyway, made ahead (:mod:`falconet.training.first_use`):
+``torch._dynamo``, which ``torch.optim``'s ``add_param_group`` imports."""
 
 
 @dataclass
@@ -97,6 +101,7 @@ class Run:
 def assemble(plan: Plan, plugins: Plugins) -> Run:
     """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
     cfg = plan.config
+    imports = imports_ahead(IMPORTED_ANYWAY)  # beside the data check and the network
     world = world_from_env()
     fraction = wanted_fraction(cfg.batch)
     if fraction is None:
@@ -120,7 +125,6 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         memory = torch.cuda.mem_get_info(device) if device.type == "cuda" else None
 
         def start_up() -> Filled | None:
-            import_ahead(imported_anyway(cfg))
             if cfg.cache != "gpu":
                 return None
             return fill_gpu_cache(cfg, dataset, device, world, memory)
@@ -132,6 +136,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
         cfg = cfg.model_copy(update={"batch": batch})
         model = build_network(plan, len(dataset.names), precision, device)
+    imports.join()  # before the loaders' workers fork
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
     loss = build_loss(plan, plugins, model)
@@ -189,15 +194,6 @@ def synthetic_boxes(cfg: TrainConfig, dataset: Dataset) -> int:
     """Boxes per image of a synthetic batch for this run (:func:`box_count`)."""
     train = train_samples(cfg, dataset)
     return box_count(sum(len(s.labels) for s in train) / max(len(train), 1), cfg.mosaic)
-
-
-def imported_anyway(cfg: TrainConfig) -> list[str]:
-    """The slow imports a run makes later anyway, made while the GPU's first use runs
-    (:mod:`falconet.training.first_use`): ``torch._dynamo``, which ``torch.optim``'s
-    ``add_param_group`` imports, and with ``cache=gpu`` torchvision, the cache's decoder
-    (where it is installed: :func:`~falconet.data.gpu_cache.gpu_decoder`)."""
-    decoder = gpu_decoder() if cfg.cache == "gpu" else None
-    return ["torch._dynamo", *([decoder] if decoder else [])]
 
 
 def graph_context(

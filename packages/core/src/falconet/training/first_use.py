@@ -3,13 +3,17 @@
 A process's first forward, loss and backward on a GPU take about a second that no later
 batch takes: cuDNN times its algorithms for each convolution's shapes (``cudnn.benchmark``),
 and each kernel's module is loaded at its first launch. The start-up spends as long importing
-modules the run needs anyway (``torch._dynamo``, which the optimizer's construction imports;
-torchvision, the GPU cache's JPEG decoder) and, with ``cache=gpu``, filling the GPU cache:
-work that mostly holds the interpreter or waits on the disk and nvJPEG, while the GPU's first
-use mostly waits in the driver and on the GPU with the interpreter released. So while a
-thread makes the imports and fills the cache (:func:`run_beside_first_use`'s ``start_up``),
-the training thread trains a copy of the network on one synthetic batch, and the run's first
-batch finds cuDNN's choices made and the kernels loaded.
+modules the run needs anyway and, with ``cache=gpu``, filling the GPU cache: work that mostly
+holds the interpreter or waits on the disk and the decoders, while the GPU's first use mostly
+waits in the driver and on the GPU with the interpreter released. So while other threads make
+the imports and fill the cache, the training thread trains a copy of the network on one
+synthetic batch, and the run's first batch finds cuDNN's choices made and the kernels loaded.
+The imports are ``torch._dynamo``'s, which the optimizer's construction makes: the slowest of
+a run (about a second), they depend on nothing the run reads, so :func:`imports_ahead` starts
+them on a thread of their own as the assembly starts, beside the data check and the network's
+construction. The cache fills on the start-up's thread (:func:`run_beside_first_use`'s
+``start_up``), and imports torchvision there where it decodes with nvJPEG
+(:mod:`falconet.data.gpu_cache`).
 
 The copy trains on the training thread, not on the other, because torch keeps cuDNN's timed
 choices per thread (the cuDNN v8 API's benchmark cache is thread-local): choices made on
@@ -27,14 +31,16 @@ of the step's own size, needs no more than the step will in the other half. Only
 backends are used this way: a backend that converts the network (FP8) keeps state per module
 that a copy would share.
 
-Two threads import at once here. The training thread imports what the copy's forward, loss and
+Threads import at once here. The training thread imports what the copy's forward, loss and
 backward import on first use: the assigner's implementation, and modules of torch's that the
-backward loads, some of which ``torch._dynamo``'s import on the other thread reaches too.
-Python's per-module import locks make that safe: a thread wanting a module the other is
-importing waits for it, and a cycle of two such waits is detected and broken by handing one
-thread the partly initialised module, which only a module needing its importer at import
-time would notice. Neither ``torch._dynamo`` nor torchvision sets a signal handler when
-imported, which only the main thread may do.
+backward loads, some of which ``torch._dynamo``'s import on the imports' thread reaches too,
+as torchvision's on the start-up's thread reaches ``torch._dynamo``. Python's per-module
+import locks make that safe: a thread wanting a module another is importing waits for it, and
+a cycle of two such waits is detected and broken by handing one thread the partly initialised
+module, which only a module needing its importer at import time would notice. Neither
+``torch._dynamo`` nor torchvision sets a signal handler when imported, which only the main
+thread may do. The imports' thread is joined before the loaders' workers fork (a child forked
+while another thread holds an import lock would wait on it for ever).
 
 The start-up's thread is a daemon: a run interrupted while it starts (Ctrl-C) raises at once
 on the training thread instead of waiting for the cache to fill.
@@ -87,10 +93,21 @@ def synthetic_batch(
     return images.contiguous(memory_format=torch.channels_last), targets
 
 
-def import_ahead(modules: Sequence[str]) -> None:
-    """Import ``modules`` now, on this thread (the ones the run would import later anyway)."""
-    for name in modules:
-        importlib.import_module(name)
+def imports_ahead(modules: Sequence[str]) -> threading.Thread:
+    """A daemon thread, started, that imports ``modules`` (the ones the run would import later
+    anyway) while the caller goes on; join it before forking. A module that fails to import
+    there is left for the run's own import, which raises where the module is needed."""
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # raised again, with its context, by the run's own import
+                continue
+
+    thread = threading.Thread(target=run, name="falconet-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_beside_first_use(
