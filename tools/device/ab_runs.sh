@@ -47,8 +47,9 @@
 #           tests that skip on the CPU, e.g. tests_paths=plugins/precision-te-fp8/tests
 # A job may name a set of settings, name@set:side (e.g. "step@detr:b"): each setting the job
 # reads (ab_step_arms, step_batches, step_args, ab_e2e_arms, e2e_batches, e2e_epochs,
-# overfit_arms, overfit_epochs, overfit_gpus) is then taken from <setting>_<set> where that is set, so one
-# call measures different models side by side.
+# overfit_arms, overfit_epochs, overfit_gpus, startup_repeats, startup_profile, startup_fill) is
+# then taken from <setting>_<set> where that is set, so one call measures different models side
+# by side, or profiles one start-up among unprofiled ones ("startup@diag:a", startup_fill_diag=1).
 # With with_te=1, Transformer Engine (.te, carried: tools/device/te_bundle.sh) is installed
 # beside every side's packages first (tools/device/te_install.sh), for amp_dtype=fp8 arms.
 # Writes /tmp/results/<n>-<job>[@set]-<side>.json and /tmp/logs, both in $OUT/results.tgz
@@ -84,10 +85,11 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
   local ab_step_arms=${ab_step_arms:-} step_batches=${step_batches:-} step_args=${step_args:-}
   local ab_e2e_arms=${ab_e2e_arms:-} e2e_batches=${e2e_batches:-} overfit_arms=${overfit_arms:-}
   local overfit_epochs=${overfit_epochs:-} overfit_gpus=${overfit_gpus:-} setting named
-  local e2e_epochs=${e2e_epochs:-4}
+  local e2e_epochs=${e2e_epochs:-4} startup_repeats=${startup_repeats:-1}
+  local startup_profile=${startup_profile:-} startup_fill=${startup_fill:-}
   if [[ -n $set ]]; then
     for setting in ab_step_arms step_batches step_args ab_e2e_arms e2e_batches e2e_epochs \
-      overfit_arms overfit_epochs overfit_gpus; do
+      overfit_arms overfit_epochs overfit_gpus startup_repeats startup_profile startup_fill; do
       named=${setting}_$set
       [[ -n ${!named:-} ]] && printf -v "$setting" %s "${!named}"
     done
