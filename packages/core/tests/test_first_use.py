@@ -106,7 +106,12 @@ def test_imports_ahead_imports_on_a_thread_and_leaves_a_failure_to_the_run(tmp_p
 
 
 @needs_cuda
-def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_network(caplog):
+def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_network(
+    caplog, tmp_path, monkeypatch
+):
+    (tmp_path / "imported_beside_the_copy.py").write_text("IMPORTED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "imported_beside_the_copy", raising=False)
     device = torch.device("cuda")
     model = network().to(device, memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -118,11 +123,12 @@ def test_the_copy_trains_on_this_thread_beside_the_start_up_and_leaves_the_netwo
         threads.append(threading.current_thread())
         threads.append(torch.cuda.current_device())
         threads.append(torch.cuda.current_stream(device))
-        imports_ahead(["torch._dynamo"]).join()
         return "started"
 
-    got = run_beside_first_use(start_up, model, mean_loss, FP16, (4, 64, 3, 5), device)
+    imports = ["imported_beside_the_copy"]
+    got = run_beside_first_use(start_up, model, mean_loss, FP16, (4, 64, 3, 5), device, imports)
     assert got == "started" and threads[0] is not threading.current_thread()
+    assert sys.modules["imported_beside_the_copy"].IMPORTED  # done before it returned
     assert threads[1] == torch.cuda.current_device()  # the run's device, on that thread too
     # its GPU work is off the stream the copy's convolutions are timed on
     assert threads[2] != torch.cuda.current_stream(device)

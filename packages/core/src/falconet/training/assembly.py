@@ -48,7 +48,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.first_use import imports_ahead, run_beside_first_use, synthetic_batch
+from falconet.training.first_use import run_beside_first_use, synthetic_batch
 from falconet.training.loaders import (
     build_loaders,
     fill_gpu_cache,
@@ -101,7 +101,6 @@ class Run:
 def assemble(plan: Plan, plugins: Plugins) -> Run:
     """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
     cfg = plan.config
-    imports = imports_ahead(IMPORTED_ANYWAY)  # beside the data check and the network
     world = world_from_env()
     fraction = wanted_fraction(cfg.batch)
     if fraction is None:
@@ -129,14 +128,15 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
                 return None
             return fill_gpu_cache(cfg, dataset, device, world, memory)
 
-        gpu_cache = run_beside_first_use(start_up, model, loss_for, precision, synthetic, device)
+        gpu_cache = run_beside_first_use(
+            start_up, model, loss_for, precision, synthetic, device, IMPORTED_ANYWAY
+        )
     if cfg.cache == "gpu" and gpu_cache is None:
         gpu_cache = fill_gpu_cache(cfg, dataset, device, world)
     if model is None:  # after the GPU cache, whose memory the step cannot have
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
         cfg = cfg.model_copy(update={"batch": batch})
         model = build_network(plan, len(dataset.names), precision, device)
-    imports.join()  # before the loaders' workers fork
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
     loss = build_loss(plan, plugins, model)

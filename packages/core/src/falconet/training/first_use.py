@@ -9,27 +9,13 @@ waits in the driver and on the GPU with the interpreter released. So while other
 the imports and fill the cache, the training thread trains a copy of the network on one
 synthetic batch, and the run's first batch finds cuDNN's choices made and the kernels loaded.
 The imports are ``torch._dynamo``'s, which the optimizer's construction makes: the slowest of
-a run (about a second), they depend on nothing the run reads, so :func:`imports_ahead` starts
-them on a thread of their own as the assembly starts, beside the data check and the network's
-construction. The cache fills on the start-up's thread (:func:`run_beside_first_use`'s
-``start_up``), and imports torchvision there where it decodes with nvJPEG
-(:mod:`falconet.data.gpu_cache`).
-
-The copy trains on the training thread, not on the other, because torch keeps cuDNN's timed
-choices per thread (the cuDNN v8 API's benchmark cache is thread-local): choices made on
-another thread would be timed again at the first batch's forward. The backward's convolutions
-run on autograd's own thread for the device, whichever thread called ``backward``.
-
-The copy keeps the run out of it: the batch-norm statistics it updates and the gradients it
-gets are its own, it draws no random numbers from the run's generators (the synthetic batch
-has generators of its own, and what the network or its loss draws comes from the generators'
-states as they were, put back after it), and its loss sees this process alone
-(:func:`falconet.ops.rank_local`, per thread), so in a distributed run it issues no
-collective. The cache's memory is checked against the device's free memory read before the
-copy took any (the caller reads it): the cache may take half of it, and the copy, one batch
-of the step's own size, needs no more than the step will in the other half. Only autocast
-backends are used this way: a backend that converts the network (FP8) keeps state per module
-that a copy would share.
+a run (about a second of the interpreter's time), on a thread of their own
+(:func:`imports_ahead`). They start with the copy, not earlier, though they depend on nothing
+the run reads: the data check and the network's construction before it hold the interpreter,
+and an import beside them slowed them by about as much as it overlapped, where the copy mostly
+waits with the interpreter released (the measurement: docs/data.md, start-up). The cache fills
+on a third thread (:func:`run_beside_first_use`'s ``start_up``), and imports torchvision there
+where it decodes with nvJPEG (:mod:`falconet.data.gpu_cache`).
 
 Threads import at once here. The training thread imports what the copy's forward, loss and
 backward import on first use: the assigner's implementation, and modules of torch's that the
@@ -39,8 +25,8 @@ import locks make that safe: a thread wanting a module another is importing wait
 a cycle of two such waits is detected and broken by handing one thread the partly initialised
 module, which only a module needing its importer at import time would notice. Neither
 ``torch._dynamo`` nor torchvision sets a signal handler when imported, which only the main
-thread may do. The imports' thread is joined before the loaders' workers fork (a child forked
-while another thread holds an import lock would wait on it for ever).
+thread may do. Both threads are done before the loaders' workers fork (a child forked while
+another thread holds an import lock would wait on it for ever).
 
 The start-up's thread is a daemon: a run interrupted while it starts (Ctrl-C) raises at once
 on the training thread instead of waiting for the cache to fill.
@@ -117,22 +103,27 @@ def run_beside_first_use(
     precision: PrecisionBackend,
     synthetic: tuple[int, int, int, int],
     device: torch.device,
+    imports: Sequence[str] = (),
 ) -> T:
-    """``start_up()`` on a thread while this thread trains a copy of ``model`` with its own
-    loss (``loss_for(copy)``) on one batch of :func:`synthetic_batch` (``synthetic``: images,
-    size, boxes per image, classes), the random generators' states put back after it; then
-    the copy's memory is given back to the device. Returns what ``start_up`` returns and
-    raises what it raises. Off CUDA, or under a precision backend that converts the network,
-    ``start_up`` runs on this thread and nothing beside it."""
+    """``start_up()`` on a thread, and ``imports`` (:func:`imports_ahead`) on another, while
+    this thread trains a copy of ``model`` with its own loss (``loss_for(copy)``) on one batch
+    of :func:`synthetic_batch` (``synthetic``: images, size, boxes per image, classes), the
+    random generators' states put back after it; then the copy's memory is given back to the
+    device. Returns, once both threads are done, what ``start_up`` returns, and raises what it
+    raises. Off CUDA, or under a precision backend that converts the network, ``start_up``
+    runs on this thread and nothing beside it (the run then makes the imports where it needs
+    them)."""
     if device.type != "cuda" or not isinstance(precision, AutocastPrecision):
         return start_up()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
+        importing = imports_ahead(imports)
         started = _started_beside(start_up, device)
         seconds, error = _train_a_copy(model, loss_for, precision, synthetic, device)
         copied = time.perf_counter()
         result = started.result()  # what start_up raised is raised here
+        importing.join()  # no import lock held when the loaders' workers fork
         report(seconds, error, time.perf_counter() - copied)
     finally:  # also on Ctrl-C, without waiting for the start-up's thread
         sys.setswitchinterval(interval)
