@@ -17,6 +17,22 @@ waits with the interpreter released (the measurement: docs/data.md, start-up). T
 on a third thread (:func:`run_beside_first_use`'s ``start_up``), and imports torchvision there
 where it decodes with nvJPEG (:mod:`falconet.data.gpu_cache`).
 
+The copy trains on the training thread, not on another, because torch keeps cuDNN's timed
+choices per thread (the cuDNN v8 API's benchmark cache is thread-local): choices made on
+another thread would be timed again at the first batch's forward. The backward's convolutions
+run on autograd's own thread for the device, whichever thread called ``backward``.
+
+The copy keeps the run out of it: the batch-norm statistics it updates and the gradients it
+gets are its own, it draws no random numbers from the run's generators (the synthetic batch
+has generators of its own, and what the network or its loss draws comes from the generators'
+states as they were, put back after it), and its loss sees this process alone
+(:func:`falconet.ops.rank_local`, per thread), so in a distributed run it issues no
+collective. The cache's memory is checked against the device's free memory read before the
+copy took any (the caller reads it): the cache may take half of it, and the copy, one batch
+of the step's own size, needs no more than the step will in the other half. Only autocast
+backends are used this way: a backend that converts the network (FP8) keeps state per module
+that a copy would share.
+
 Threads import at once here. The training thread imports what the copy's forward, loss and
 backward import on first use: the assigner's implementation, and modules of torch's that the
 backward loads, some of which ``torch._dynamo``'s import on the imports' thread reaches too,
