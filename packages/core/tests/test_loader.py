@@ -263,3 +263,42 @@ def test_worker_seeds_differ_between_workers_and_follow_the_first_epoch(tmp_path
     assert len(set(at_0)) == 2 and max(at_0) - min(at_0) == 1  # base + worker id
     assert seeds(0) == at_0  # a run of this seed starting at epoch 0 gets them again
     assert set(seeds(3)).isdisjoint(at_0)  # a resume at epoch 3 gets seeds of its own
+
+
+@pytest.mark.parametrize("cache", ["none", "ram"])
+def test_an_image_that_stops_decoding_trains_grey_without_its_boxes(tmp_path, caplog, cache):
+    """A file deleted, truncated or replaced after the dataset check kills no run: the image
+    trains as a grey one of its checked size and its boxes leave the plans, with the draws as
+    they were: every sample equals that of a dataset holding a grey, box-less image there."""
+    from falconet.data.transforms import PAD_VALUE
+
+    samples = known_pixels(tmp_path / "img")
+    lost = samples[3]
+    grey = tmp_path / "grey.png"
+    Image.fromarray(np.full((lost.height, lost.width, 3), PAD_VALUE, np.uint8)).save(grey)
+    no_boxes = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+    reference = [*samples[:3], Sample(grey, 3, lost.width, lost.height, *no_boxes), *samples[4:]]
+    cfg = AugmentConfig(mosaic=1.0)
+    if cache == "ram":  # it fails in the cache's fill
+        lost.image.write_bytes(b"no longer an image")
+    dataset = DetectionDataset(samples, 256, augment=cfg, cache=cache, seed=1)
+    expected = DetectionDataset(reference, 256, augment=cfg, cache=cache, seed=1)
+    dataset[(0, 0)]  # the plans are made (the file still decodes without a cache)
+    lost.image.write_bytes(b"no longer an image")
+    with caplog.at_level("WARNING", logger="falconet.data"):
+        for epoch in range(2):
+            for i in range(len(samples)):
+                got, want = dataset[(epoch, i)], expected[(epoch, i)]
+                assert torch.equal(got["image"], want["image"]), (epoch, i)
+                assert torch.equal(got["boxes"], want["boxes"]), (epoch, i)
+                assert torch.equal(got["labels"], want["labels"]), (epoch, i)
+    assert caplog.text.count("could not be read") == 1 and str(lost.image) in caplog.text
+    # not vacuous: the lost image's boxes were in these samples' plans before it was lost
+    planned = DetectionDataset(samples, 256, augment=cfg, seed=1)  # plans read no file
+    boxes_in = [
+        sum(len(d.plan(e, [i]).labels) for e in range(2) for i in range(len(samples)))
+        for d in (planned, expected)
+    ]
+    assert boxes_in[0] > boxes_in[1]
+    letterboxed = DetectionDataset(samples, 256, cache=cache)[3]  # validation: letterbox only
+    assert len(letterboxed["boxes"]) == 0 and (letterboxed["image"] == PAD_VALUE).all()

@@ -18,6 +18,7 @@ and the first epoch of the span it starts (:func:`worker_base_seed`).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +43,8 @@ from falconet.data.transforms import (
     warp_mosaic,
 )
 from falconet.paths import cache_dir
+
+log = logging.getLogger("falconet.data")
 
 CACHE_MODES = ("none", "ram", "disk")
 
@@ -80,6 +83,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         self._ram: list[np.ndarray] | None = None
         self._disk: Path | None = None
         self._planner: Planner | None = None  # made at the first plan, in the worker using it
+        self._lost: set[int] = set()  # images whose files stopped decoding after the check
         if cache == "disk":
             self._disk = cache_dir("images", f"{imgsz}")
         if cache in ("ram", "disk"):
@@ -97,6 +101,12 @@ class DetectionDataset(torch.utils.data.Dataset):
         return self._disk / f"{hashlib.sha1(key.encode()).hexdigest()}.npy"
 
     def _fill(self, index: int) -> np.ndarray:
+        try:
+            return self._decoded(index)
+        except (OSError, ValueError) as exc:
+            return self._grey_for_lost(index, exc)
+
+    def _decoded(self, index: int) -> np.ndarray:
         if self._disk is not None:
             target = self._disk_path(index)
             if target.exists():
@@ -112,13 +122,38 @@ class DetectionDataset(torch.utils.data.Dataset):
         """The image resized to long side ``imgsz`` and its boxes in those pixels."""
         if self._ram is not None:
             image = self._ram[index]
-        elif self._disk is not None:
-            image = np.load(self._disk_path(index))
         else:
-            image = resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+            try:
+                image = (
+                    np.load(self._disk_path(index))
+                    if self._disk is not None
+                    else resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+                )
+            except (OSError, ValueError) as exc:
+                image = self._grey_for_lost(index, exc)
         h, w = image.shape[:2]
         boxes = self.samples[index].boxes * np.array([w, h, w, h], np.float32)
+        if index in self._lost:
+            boxes = boxes[:0]
         return image, boxes
+
+    def _grey_for_lost(self, index: int, error: Exception) -> np.ndarray:
+        """A grey image of the size the dataset check measured, for an image whose file no
+        longer decodes (deleted, truncated or replaced while training): the run goes on with
+        it empty, its boxes left out of the plans from now on, and says so once per file in
+        each process that meets it."""
+        if index not in self._lost:
+            self._lost.add(index)
+            if self._planner is not None:
+                self._planner.drop_boxes(index)
+            log.warning(
+                "data: %s could not be read (%s) after the dataset check; it trains as an "
+                "empty grey image from now on. Run `falconet data check` on the dataset",
+                self.samples[index].image,
+                error,
+            )
+        h, w = resized_shape(self.samples[index], self.imgsz)
+        return np.full((h, w, 3), PAD_VALUE, np.uint8)
 
     def shape(self, index: int) -> tuple[int, int]:
         """``(height, width)`` of image ``index`` resized to long side ``imgsz``."""
@@ -132,6 +167,8 @@ class DetectionDataset(torch.utils.data.Dataset):
             self._planner = Planner(
                 self.samples, size=self.imgsz, cfg=self.augment, seed=self.seed, shape=self.shape
             )
+            for index in self._lost:
+                self._planner.drop_boxes(index)
         mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
         return self._planner.plan(epoch, indices, mosaic_on=mosaic_on)
 
@@ -164,12 +201,11 @@ class DetectionDataset(torch.utils.data.Dataset):
             labels, used_mosaic = sample.labels, False
         else:
             plan = self.plan(epoch, [index]).sample(0)
-            image, boxes, labels, used_mosaic = (
-                self.render(plan),
-                plan.boxes,
-                plan.labels,
-                plan.mosaic,
-            )
+            lost = len(self._lost)
+            image = self.render(plan)
+            if len(self._lost) > lost:  # a tile's file stopped decoding: the same draws, its
+                plan = self.plan(epoch, [index]).sample(0)  # boxes left out
+            boxes, labels, used_mosaic = plan.boxes, plan.labels, plan.mosaic
         return {
             "image": torch.from_numpy(np.ascontiguousarray(image)),  # HWC: see collate
             **self.item(index, boxes, labels, pad, used_mosaic),

@@ -143,6 +143,11 @@ class Planner:
         self.boxes = self.boxes.astype(np.float32)
         self.labels = np.concatenate([s.labels for s in samples] or [np.zeros(0)]).astype(np.int64)
 
+    def drop_boxes(self, image: int) -> None:
+        """Plan ``image`` without boxes from now on (its file no longer decodes: it is drawn
+        grey); every draw stays as it was, so a plan made again differs only in its boxes."""
+        self.box_counts[image] = 0
+
     def plan(self, epoch: int, indices: Sequence[int], *, mosaic_on: bool = True) -> BatchPlan:
         """The augmentation of samples ``indices`` in ``epoch``."""
         cfg, size = self.cfg, self.size
