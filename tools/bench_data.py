@@ -256,7 +256,6 @@ def gpu_section(args, samples) -> dict:
     fills = fill_times(unique, args.imgsz, device)
     print(f"fill: {fills}", flush=True)
     filled = fill_store(unique, args.imgsz, device, nvjpeg_from=1)
-    fill_s = fills["nvjpeg_warm_s"]
     ram = DetectionDataset(unique, args.imgsz, cache="ram")
     diffs = []
     for i, image in enumerate(ram._ram):
@@ -266,8 +265,6 @@ def gpu_section(args, samples) -> dict:
     result: dict = {
         "images": len(unique),
         "fills": fills,
-        "fill_s": round(fill_s, 3),
-        "fill_img_s": round(len(unique) / fill_s),
         "nvjpeg": filled.on_gpu,
         "cpu_decoded": filled.on_cpu,
         "store_gib": round(filled.store.pixels.numel() / 2**30, 3),
