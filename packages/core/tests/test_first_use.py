@@ -1,7 +1,7 @@
 """The GPU's first use beside the start-up (:mod:`falconet.training.first_use`): while the
-start-up's imports and cache fill run on a thread, a copy of the network trains a synthetic
-batch on the calling (training) thread and leaves the run's network, its statistics and its
-gradients as they were; the copy's loss sees this process alone while the other threads'
+start-up's imports and cache fill run on threads of their own, a copy of the network trains a
+synthetic batch on the calling (training) thread and leaves the run's network, its statistics
+and its gradients as they were; the copy's loss sees this process alone while the other threads'
 still see every rank. What it saves in time is measured on the GPU machine by
 tools/bench_startup.py (docs/data.md)."""
 
