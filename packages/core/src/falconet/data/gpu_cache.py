@@ -51,9 +51,9 @@ DECODE_BATCH = 64
 NVJPEG_FROM = 1024
 """The fewest JPEG files a store hands to nvJPEG; a store of fewer decodes them on the CPU
 threads. nvJPEG's first call waits for torchvision's import, which imports ``torch._dynamo``
-(about a second, made ahead beside the GPU's first use: :mod:`falconet.training.first_use`),
-and creates the decoder, while the CPU threads start at once: in that time they decode more
-images than a small store holds (the measurement: docs/data.md, "Which decoder")."""
+(made ahead beside the GPU's first use: :mod:`falconet.training.first_use`), and creates the
+decoder, while the CPU threads start at once: in that time they decode more images than a
+small store holds (the measurement: docs/data.md, "Which decoder")."""
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 

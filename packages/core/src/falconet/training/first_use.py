@@ -9,7 +9,7 @@ waits in the driver and on the GPU with the interpreter released. So while other
 the imports and fill the cache, the training thread trains a copy of the network on one
 synthetic batch, and the run's first batch finds cuDNN's choices made and the kernels loaded.
 The imports are ``torch._dynamo``'s, which the optimizer's construction makes: the slowest of
-a run (about a second of the interpreter's time), on a thread of their own
+a run (docs/data.md, start-up), on a thread of their own
 (:func:`imports_ahead`). They start with the copy, not earlier, though they depend on nothing
 the run reads: the data check and the network's construction before it hold the interpreter,
 and an import beside them slowed them by about as much as it overlapped, where the copy mostly
