@@ -13,11 +13,11 @@ nvJPEG filled, the images decoded by nvJPEG and on the CPU, its GiB, and how far
 are from the CPU cache's (mean absolute difference in levels); and per batch size the
 loader's rate, every epoch synchronised with the GPU at its end, and the CPU cores the
 process kept busy meanwhile (process CPU time over wall time, loader threads and workers
-included); and the render alone, the fused
-Triton kernel against the torch operations it fuses (median ms per batch over 20 batches of
-the same plans, CUDA events, after 3 warm-up renders; the largest and mean difference
-between the two in levels); with ``--render-configs``, the fused kernel alone at each launch
-shape (pixels per program x warps), and whether its images equal the default shape's.
+included); and the render alone, the fused Triton kernel against the torch operations it
+fuses (median ms per batch over 20 batches of the same plans, CUDA events, after 3 warm-up
+renders; the largest and mean difference between the two in levels); with
+``--render-configs``, the fused kernel alone at each launch shape (pixels per program x
+warps), and whether its images equal the default shape's.
 ``--out`` writes the results as JSON.
 
     uv run python tools/bench_data.py ../shared/data/coco128/coco128.yaml
@@ -33,6 +33,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -222,12 +223,12 @@ def render_config_times(loader, configs: list[tuple[int, int]], count: int = 20)
     return result
 
 
-def fill_times(samples, size: int, device: torch.device) -> dict[str, float]:
+def fill_times(samples, size: int, device: torch.device) -> tuple[dict[str, float], Any]:
     """The store's fill by each decoder, synchronized (the choice between them:
     ``falconet.data.gpu_cache.NVJPEG_FROM``): ``torch._dynamo``'s import first, as a run makes
     it ahead; then the CPU threads; then nvJPEG cold (its first call in the process:
     torchvision's import, which reaches the ``torch._dynamo`` imported, and the decoder's
-    creation) and warm (the decoder made)."""
+    creation) and warm (the decoder made). Returns the times and the last store filled."""
     from falconet.data.gpu_cache import fill_store
 
     def timed(action) -> float:
@@ -238,24 +239,25 @@ def fill_times(samples, size: int, device: torch.device) -> dict[str, float]:
         return round(time.perf_counter() - start, 3)
 
     times = {"dynamo_import_s": timed(lambda: __import__("torch._dynamo"))}
+    filled = []
     for name, nvjpeg_from in (("cpu", len(samples) + 1), ("nvjpeg_cold", 1), ("nvjpeg_warm", 1)):
-        fill = lambda n=nvjpeg_from: fill_store(samples, size, device, nvjpeg_from=n)  # noqa: E731
+        fill = lambda n=nvjpeg_from: filled.append(  # noqa: E731
+            fill_store(samples, size, device, nvjpeg_from=n)
+        )
         times[f"{name}_s"] = timed(fill)
         times[f"{name}_img_s"] = round(len(samples) / times[f"{name}_s"])
-    return times
+    return times, filled[-1]
 
 
 def gpu_section(args, samples) -> dict:
     """cache=gpu against cache=ram (module docstring)."""
-    from falconet.data.gpu_cache import fill_store
     from falconet.data.gpu_loader import GpuLoader
     from falconet.data.loader import stop_workers
 
     device = torch.device("cuda")
     unique = list({s.image_id: s for s in samples}.values())
-    fills = fill_times(unique, args.imgsz, device)
+    fills, filled = fill_times(unique, args.imgsz, device)  # filled: nvJPEG's store
     print(f"fill: {fills}", flush=True)
-    filled = fill_store(unique, args.imgsz, device, nvjpeg_from=1)
     ram = DetectionDataset(unique, args.imgsz, cache="ram")
     diffs = []
     for i, image in enumerate(ram._ram):

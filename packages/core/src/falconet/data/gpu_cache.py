@@ -133,7 +133,8 @@ def fill_store(
     shapes = [resized_shape(s, size) for s in samples]
     decoded = [False] * len(samples)
     on_gpu = 0
-    nvjpeg = device.type == "cuda" and len(for_nvjpeg(samples)) >= nvjpeg_from
+    jpegs = for_nvjpeg(samples) if device.type == "cuda" else []
+    nvjpeg = len(jpegs) >= max(nvjpeg_from, 1)
     if nvjpeg and gpu_decoder() is None:
         log.info(
             "cache=gpu: torchvision is not installed, so every image is decoded on the CPU; "
@@ -141,7 +142,7 @@ def fill_store(
             torch.__version__,
         )
     elif nvjpeg:
-        on_gpu = _decode_jpegs_on_gpu(samples, pixels, shapes, decoded, threads)
+        on_gpu = _decode_jpegs_on_gpu(samples, jpegs, pixels, shapes, decoded, threads)
     left_out: list[str] = []
     on_cpu = 0
     rest = [i for i, done in enumerate(decoded) if not done]
@@ -187,22 +188,22 @@ def _cpu_decode(sample: Sample) -> np.ndarray | None:
 
 def _decode_jpegs_on_gpu(
     samples: Sequence[Sample],
+    jpegs: list[int],
     pixels: torch.Tensor,
     shapes: list[tuple[int, int]],
     decoded: list[bool],
     threads: int,
 ) -> int:
-    """nvJPEG for the JPEG files stored upright (:func:`for_nvjpeg`), in batches; a batch
-    nvJPEG refuses is retried file by file, and a file it refuses alone, or decodes to another
-    shape than the dataset check measured, is left to the CPU decoder. The files of the next
-    batch are read while a batch decodes, and those of the first while torchvision imports
-    (the import holds the GIL, a file read does not).
+    """nvJPEG for the JPEG files stored upright (``jpegs``, :func:`for_nvjpeg`'s), in
+    batches; a batch nvJPEG refuses is retried file by file, and a file it refuses alone, or
+    decodes to another shape than the dataset check measured, is left to the CPU decoder. The
+    files of the next batch are read while a batch decodes, and those of the first while
+    torchvision imports (the import holds the GIL, a file read does not).
 
     Before each call the host waits for the stream's work so far: torchvision allocates the
     decoded images on the caller's stream but writes them on a stream of its own, without
     first waiting for the caller's, so a block freed by the previous batch's resizes (still
     queued) could be written before they read it."""
-    jpegs = for_nvjpeg(samples)
     chunks = [jpegs[start : start + DECODE_BATCH] for start in range(0, len(jpegs), DECODE_BATCH)]
     count = 0
 
