@@ -45,6 +45,10 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
   allows no more; there it also covers other threads, such as the checkpoint writer's);
 * ``workers_alive_after_fit``: how many of the train loader's workers still run when ``fit``
   has returned (left to the exit, or stopped by the trainer);
+* ``workers_mib`` (Linux): the train loader's workers' memory at the end of training, summed
+  over the workers from ``/proc/<pid>/smaps_rollup``: ``private`` (pages no other process
+  maps: a copy of its own, such as a dataset it received pickled) and ``pss`` (shared pages
+  split between their processes);
 * ``exit_stacks``: when the exit takes longer than ``--stacks-after`` seconds,
   every thread's Python stack at that moment (``faulthandler``), and for each loader worker
   still alive its state and kernel wait channel (``/proc``) and its own stacks (the workers
@@ -55,6 +59,8 @@ count. Each measurement runs one training in a fresh process, as ``falconet trai
         --epochs 3 --batch 16 --out startup.json
 
 Runs on any device; on the CPU use ``amp_dtype=bf16`` or ``fp32`` in the arms.
+``--start-method forkserver`` sets the child's default start method for processes before
+anything else runs, as Python 3.14 has it on Linux (3.11-3.13 default to ``fork``).
 """
 
 from __future__ import annotations
@@ -237,6 +243,7 @@ class _Timeline:
         self.phase_batches = phase_batches
         self.phases: list[dict[str, float]] = [{}]  # one dict per timed batch
         self.workers: list[int] = []  # the train loader's worker pids when training ends
+        self.workers_mib: dict[str, float] | None = None  # their memory then
         self.loader = None  # the train loader, set once the trainer is built
         self.batches_in_epoch = 0
         self.last_batch_ends: list[float] = []  # each epoch's last batch done (synchronized)
@@ -307,6 +314,7 @@ class _Timeline:
     def on_train_end(self, run) -> None:
         iterator = getattr(self.loader, "_iterator", None)  # persistent workers
         self.workers = [w.pid for w in getattr(iterator, "_workers", [])]
+        self.workers_mib = _memory_mib(self.workers)
 
     def on_epoch_end(self, run, row) -> None:
         self.synchronize()
@@ -314,7 +322,26 @@ class _Timeline:
         self.mark("epoch1")
 
 
+def _memory_mib(pids: list[int]) -> dict[str, float] | None:
+    """The processes' private and proportional memory, summed, in MiB (Linux)."""
+    totals = {"private": 0, "pss": 0}
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            return None
+        fields = dict(line.split(":", 1) for line in rollup.splitlines()[1:])
+        kib = {name: int(value.split()[0]) for name, value in fields.items()}
+        totals["private"] += kib["Private_Clean"] + kib["Private_Dirty"]
+        totals["pss"] += kib["Pss"]
+    return {name: round(value / 1024, 1) for name, value in totals.items()}
+
+
 def child(args) -> None:
+    if args.start_method:
+        import multiprocessing
+
+        multiprocessing.set_start_method(args.start_method)
     origin = args.spawned
     timeline_start = SPAWNED - origin
     import logging
@@ -407,6 +434,7 @@ def child(args) -> None:
         else {},
     }
     workers = timeline.workers
+    result["workers_mib"] = timeline.workers_mib
     result["workers_alive_after_fit"] = sum(map(_alive, workers))
     # what the exit waits for, if it waits: every thread's stack, once, on stderr
     faulthandler.dump_traceback_later(args.stacks_after, exit=False)
@@ -424,6 +452,7 @@ def measure(args, arm: str, tmp: Path) -> dict:
     options = ("data", "model", "epochs", "batch", "imgsz", "workers", "stacks_after")
     for option in (*options, "phase_batches"):
         command += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    command += ["--start-method", args.start_method] if args.start_method else []
     command += ["--profile"] if args.profile else []
     command += ["--fill-breakdown"] if args.fill_breakdown else []
     command += ["--tmp", str(tmp)]
@@ -490,6 +519,11 @@ def main() -> None:
         "--fill-breakdown",
         action="store_true",
         help="time the cache=gpu fill's parts, synchronized (serialises them)",
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=("fork", "forkserver", "spawn"),
+        help="the child's default start method for processes (Python 3.14's is forkserver)",
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)

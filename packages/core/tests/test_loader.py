@@ -3,6 +3,9 @@ close_mosaic reaches persistent workers, the sampler resumes and shards, caches 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 from pathlib import Path
 
 import cv2
@@ -11,7 +14,13 @@ import pytest
 import torch
 from PIL import Image
 
-from falconet.data.loader import DetectionDataset, build_loader, collate, stop_workers
+from falconet.data.loader import (
+    DetectionDataset,
+    build_loader,
+    collate,
+    stop_workers,
+    worker_start_method,
+)
 from falconet.data.records import Sample
 from falconet.data.sampler import EpochSampler
 from falconet.data.transforms import AugmentConfig
@@ -215,6 +224,45 @@ def test_stop_workers_ends_persistent_workers_and_the_loader_still_works(tmp_pat
     assert same(first, list(loader))  # new workers, same batches
     stop_workers(loader)
     stop_workers(build_loader(dataset, 4, workers=0))  # no workers: nothing to stop
+
+
+class NeverPickled(DetectionDataset):
+    """A dataset that fails if it is pickled, as a worker started by ``forkserver`` or
+    ``spawn`` would receive it."""
+
+    def __getstate__(self):
+        raise AssertionError("the dataset was pickled for a worker")
+
+
+@pytest.fixture
+def forkserver_default():
+    """The process's default start method set to ``forkserver``: Python 3.14's on Linux."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+def parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
+def test_workers_fork_on_linux_whatever_the_default_start_method(tmp_path, forkserver_default):
+    """Under Python 3.14's default (``forkserver``) a ``DataLoader`` would start each worker
+    from the fork server and send it the dataset pickled: the RAM cache copied per worker.
+    The loaders' workers are this process's children and receive nothing pickled."""
+    assert worker_start_method() == "fork"
+    samples = known_pixels(tmp_path / "img", 8)
+    dataset = NeverPickled(samples, 96, augment=AugmentConfig(), cache="ram", seed=3)
+    loader = build_loader(dataset, 4, workers=2, seed=3)
+    forked = batches(loader)
+    workers = list(loader._iterator._workers)
+    assert [parent_pid(w.pid) for w in workers] == [os.getpid()] * 2
+    stop_workers(loader)
+    in_process = DetectionDataset(samples, 96, augment=AugmentConfig(), cache="ram", seed=3)
+    assert same(forked, batches(build_loader(in_process, 4, workers=0, seed=3)))
 
 
 class WorkerSeeds(DetectionDataset):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -350,6 +351,22 @@ def _worker_init(_worker_id: int) -> None:
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe
 
 
+def worker_start_method() -> str | None:
+    """How the loaders' workers start: forked on Linux, the platform's default elsewhere.
+
+    A forked worker shares the parent's memory copy-on-write (the ``cache=ram`` images, the
+    objects frozen for the collector) and starts without importing anything. Python 3.14
+    made ``forkserver`` the default on Linux, and PyTorch's ``DataLoader`` follows the
+    default: each worker would then import torch, OpenCV and falconet, and receive the dataset
+    pickled, its RAM cache copied once per worker. Fork's hazard is a lock another thread
+    holds at the fork, held for ever in the child; a worker runs only the dataset, OpenCV on
+    one thread and the collate, never CUDA, and the start-up's threads are joined before the
+    loaders fork (:mod:`falconet.training.first_use`). macOS (where Apple's libraries are not
+    fork-safe) and Windows keep their default, ``spawn``.
+    """
+    return "fork" if sys.platform.startswith("linux") else None
+
+
 def stop_workers(loader: torch.utils.data.DataLoader) -> None:
     """Stop a loader's persistent workers now, while the run can still wait for them.
 
@@ -387,8 +404,9 @@ def build_loader(
     :class:`EpochBatchSampler` (``loader.batch_sampler``; one epoch unless ``set_epochs``
     spans more).
 
-    Workers are persistent (no re-fork per epoch; :func:`stop_workers` ends them); pinned
-    memory when CUDA is present. Iterating draws nothing from the global torch generator.
+    Workers are persistent (no re-fork per epoch; :func:`stop_workers` ends them) and forked
+    where the platform allows (:func:`worker_start_method`); pinned memory when CUDA is
+    present. Iterating draws nothing from the global torch generator.
     """
     sampler = EpochSampler(
         len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size
@@ -400,6 +418,7 @@ def build_loader(
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,
+        multiprocessing_context=worker_start_method() if workers else None,
         worker_init_fn=_worker_init if workers else None,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         prefetch_factor=4 if workers else None,
