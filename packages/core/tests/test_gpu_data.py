@@ -23,6 +23,7 @@ from falconet.data.gpu_cache import check_fits, fill_store, store_bytes
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, collate_targets, resized_shape
 from falconet.data.records import DataError, Sample
+from falconet.data.targets import TARGET_KEYS, Targets
 from falconet.data.transforms import AugmentConfig
 from falconet_testing.devices import cpu_and_cuda
 
@@ -125,6 +126,30 @@ def test_batches_rendered_on_the_loaders_stream_are_those_rendered_in_line(tmp_p
     assert len(ahead) == len(in_line) == 6
     for got, expected in zip(ahead, in_line, strict=True):
         assert torch.equal(got, expected.float().sum((1, 2, 3)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned copies need a CUDA device")
+def test_targets_copied_as_the_loop_copies_them_are_their_batches_own(tmp_path):
+    """The loader pins each batch's targets in fresh pinned memory, and the loop copies them to
+    the device without waiting; with the training stream lagging behind, a pinned block handed
+    out again before its copy ran would send a later batch's boxes with this batch's images.
+    Each copy must hold the targets planned in line for the same keys."""
+    samples = photos(tmp_path / "img", count=12)
+    dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(), cache="ram", seed=3)
+    store = ram_store(dataset)
+    gpu = GpuLoader(dataset, ImageStore(store.pixels.cuda(), store.shapes), 4, seed=3)
+    gpu.batch_sampler.set_epochs(0, 3)
+    in_line = [gpu.host_part(keys)[1] for keys in gpu.batch_sampler]
+    gpu.batch_sampler.set_epochs(0, 3)
+    copied = []
+    for batch in gpu:
+        torch.cuda._sleep(2_000_000)  # the copies queue behind 2 ms of work, as behind a step
+        copied.append(Targets.from_batch(batch).to("cuda", non_blocking=True))
+    torch.cuda.synchronize()
+    assert len(copied) == len(in_line) == 9
+    for got, expected in zip(copied, in_line, strict=True):
+        for name in TARGET_KEYS:
+            assert torch.equal(getattr(got, name).cpu(), expected[name]), name
 
 
 def test_the_gpu_loader_resumed_mid_epoch_gives_the_rest_of_the_uninterrupted_epoch(tmp_path):
