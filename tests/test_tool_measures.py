@@ -1,12 +1,14 @@
-"""Tools that report where time goes, on what they record: bench_startup.py's first imports,
-collector_log.py's garbage collections and fp8_crossover.py's shapes and table (their GPU runs
-are in docs/bench-results/)."""
+"""Tools that report where time goes, on what they record: bench_startup.py's first imports
+and its workers' memory, collector_log.py's garbage collections and fp8_crossover.py's shapes
+and table (their GPU runs are in docs/bench-results/)."""
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import sys
 import threading
+import time
 
 import pytest
 
@@ -36,6 +38,47 @@ def test_the_first_import_of_a_heavy_module_is_timed_with_its_thread_and_importe
     assert [(i["name"], i["thread"]) for i in imports.off_main] == [
         ("heavy_for_the_test", "the-importer")
     ]
+
+
+def _hold(event, copy: bool) -> None:
+    """A forked child: keeps its own copy of the parent's buffer, or only reads it."""
+    held = bytes(SHARED) if copy else SHARED  # bytes(): a new object, pages of its own
+    assert len(held) == len(SHARED)
+    event.wait(30)
+
+
+SHARED = bytearray()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_workers_memory_tells_a_copy_of_its_own_from_shared_pages(load_tool):
+    """``workers_mib``: a forked child that copied a 64 MiB buffer holds it privately; one that
+    only reads the parent's shares its pages, so its private memory stays far below that."""
+    bench_startup = load_tool("bench_startup")
+    SHARED[:] = b"x" * (64 << 20)
+    context = multiprocessing.get_context("fork")
+    event = context.Event()
+    children = {copy: context.Process(target=_hold, args=(event, copy)) for copy in (True, False)}
+    try:
+        for child in children.values():
+            child.start()
+        ready = time.monotonic() + 20
+        while time.monotonic() < ready:  # until the copying child holds its copy
+            mib = bench_startup._memory_mib([children[True].pid])
+            if mib and mib["private"] > 64:
+                break
+            time.sleep(0.05)
+        copied = bench_startup._memory_mib([children[True].pid])
+        shared = bench_startup._memory_mib([children[False].pid])
+        both = bench_startup._memory_mib([c.pid for c in children.values()])
+    finally:
+        event.set()
+        for child in children.values():
+            child.join(10)
+        SHARED[:] = b""
+    assert copied["private"] > 64 and shared["private"] < 16
+    assert both["private"] == pytest.approx(copied["private"] + shared["private"], abs=0.2)
+    assert bench_startup._memory_mib([children[True].pid]) is None  # gone: no reading
 
 
 def test_the_collections_of_a_span_are_counted_per_generation_and_the_slow_ones_listed(load_tool):
