@@ -107,29 +107,30 @@ class DetectionDataset(torch.utils.data.Dataset):
         except (OSError, ValueError) as exc:
             return self._grey_for_lost(index, exc)
 
+    def _source(self, index: int) -> np.ndarray:
+        """Image ``index`` decoded from its file and resized to long side ``imgsz``."""
+        return resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+
     def _decoded(self, index: int) -> np.ndarray:
         if self._disk is not None:
             target = self._disk_path(index)
             if target.exists():
                 return np.load(target)
-            image = resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+            image = self._source(index)
             tmp = target.with_suffix(".tmp.npy")
             np.save(tmp, image)
             tmp.replace(target)
             return image
-        return resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
+        return self._source(index)
 
     def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """The image resized to long side ``imgsz`` and its boxes in those pixels."""
         if self._ram is not None:
             image = self._ram[index]
         else:
-            try:
-                image = (
-                    np.load(self._disk_path(index))
-                    if self._disk is not None
-                    else resize_long_side(read_image(str(self.samples[index].image)), self.imgsz)
-                )
+            try:  # read only: workers never write the disk cache, filled before they start
+                disk = self._disk is not None
+                image = np.load(self._disk_path(index)) if disk else self._source(index)
             except (OSError, ValueError) as exc:
                 image = self._grey_for_lost(index, exc)
         h, w = image.shape[:2]
