@@ -423,7 +423,7 @@ def run_falconet(args) -> dict:
     import torch
 
     from falconet.data.loader import stop_workers
-    from falconet.data.targets import Targets
+    from falconet.data.targets import Targets, fits
     from falconet.plugins import get_plugins
     from falconet.training.planning import plan_run
     from falconet.training.trainer import Trainer
@@ -524,6 +524,10 @@ def run_falconet(args) -> dict:
         device = run.device
         images = batch["images"].to(device).float().div_(255)
         targets = Targets.from_batch(batch).to(device)
+        if args.bucket:  # the step of a larger target bucket, on the same batch
+            if not fits(targets.bucket, args.bucket):
+                raise SystemExit(f"--bucket {args.bucket}: the batch's is {targets.bucket}")
+            targets = targets.padded(args.bucket)
         result["bucket"] = targets.bucket  # (M, N): what the loss's assigner works on
         if hasattr(run.precision, "converted"):  # amp_dtype=fp8: the layers in FP8
             result["fp8_converted"] = len(run.precision.converted)
@@ -1032,6 +1036,7 @@ def spawn(
         "--trace-last-epoch" if args.trace_last_epoch else "--no-trace-last-epoch",
         "--kernel-rows",
         str(args.kernel_rows),
+        *(["--bucket", ",".join(map(str, args.bucket))] if args.bucket else []),
     ]
     env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
@@ -1219,6 +1224,12 @@ def main() -> None:
         type=int,
         default=20,
         help="kernel tables (--gpu-profile, --trace-last-epoch): how many kernels, by time",
+    )
+    parser.add_argument(
+        "--bucket",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        help="isolated step: pad the batch's targets to this target bucket, M,N (the step "
+        "a run replays once it has recorded a larger one)",
     )
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path)
