@@ -185,3 +185,45 @@ def test_a_held_write_waits_for_release_and_wait_releases_it(tmp_path):
     writer.write([({"format": FORMAT, "epoch": 2}, second)])
     writer.wait()  # no release: wait releases
     assert load_checkpoint(second)["epoch"] == 2
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda("the pinned copies need a CUDA GPU"))
+def test_a_copy_during_a_slow_write_takes_a_second_snapshot_and_files_land_in_order(
+    tmp_path, monkeypatch, device
+):
+    """An epoch shorter than its files' write: the next epoch's copy goes ahead while the
+    previous files are still being written (into the second snapshot, so the file being
+    written keeps its values), the copy after it waits for the first write (its buffers are
+    reused), and the files land in the order submitted."""
+    gate, saved = threading.Event(), []
+    real_save = checkpoint.save_atomic
+
+    def gated_save(state, path):
+        gate.wait(timeout=10)
+        real_save(state, path)
+        saved.append((state["epoch"], load_checkpoint(path)["w"].tolist()))
+
+    monkeypatch.setattr(checkpoint, "save_atomic", gated_save)
+    weights = torch.ones(4, device=device)
+    last = tmp_path / "last.pt"
+    writer = checkpoint.CheckpointWriter()
+    writer.submit([({"format": FORMAT, "epoch": 1, "w": weights}, last)])
+    first = writer._thread
+    weights.mul_(2)  # the next epoch's updates
+    second = writer.copy([{"format": FORMAT, "epoch": 2, "w": weights}])[0]
+    assert first.is_alive(), "the copy waited for the previous files"
+    writer.write([(second, last)])
+    weights.mul_(2)
+    third: list = []
+    copying = threading.Thread(
+        target=lambda: third.append(writer.copy([{"format": FORMAT, "epoch": 3, "w": weights}]))
+    )
+    copying.start()
+    copying.join(timeout=0.5)
+    assert copying.is_alive(), "the third copy reused the buffers of a file being written"
+    gate.set()
+    copying.join(timeout=10)
+    writer.write([(third[0][0], last)])
+    writer.wait()
+    assert saved == [(1, [1.0] * 4), (2, [2.0] * 4), (3, [4.0] * 4)]
+    assert load_checkpoint(last)["epoch"] == 3

@@ -69,24 +69,35 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
 
 
 class CheckpointWriter:
-    """Writes checkpoints on one background thread, one batch of files at a time.
+    """Writes checkpoints on background threads, one batch of files after another.
 
     :meth:`submit` (:meth:`copy` then :meth:`write`) snapshots the states to host memory on
     the caller's thread (:class:`~falconet.training.host_snapshot.PinnedSnapshot`: a few
-    copies queued on the stream, no wait for them; the only part the training loop waits for,
-    besides a previous write still running) and returns; the files are written by
-    :func:`save_atomic`, so a crash mid-write leaves the previous
-    checkpoint. :meth:`wait` blocks until the last submitted files are on disk and raises a
+    copies queued on the stream, no wait for them) and returns; the files are written by
+    :func:`save_atomic`, so a crash mid-write leaves the previous checkpoint. Each write's
+    thread starts writing once the write before it has ended, so the files land in the order
+    submitted. :meth:`wait` blocks until the last submitted files are on disk and raises a
     :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
     failed write stops the run at the next copy (the trainer's: the next epoch's last batch)
     instead of passing unnoticed. A write can be held (:meth:`hold`): its thread then waits
     for the snapshot's copies and for :meth:`release` before serialising anything.
+
+    A snapshot's buffers are reused at the next copy but one: when the previous files are
+    still being written as the next copy comes (an epoch shorter than serialising and
+    fsyncing its files), the copy goes into a second snapshot instead of waiting for them, and
+    waits only for the files written from that one, two copies back. The second snapshot's
+    pinned memory is allocated the first time a write overlaps a copy, never otherwise.
     """
 
+    SNAPSHOTS = 2
+
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the last write's
         self._error: BaseException | None = None
-        self._snapshot = PinnedSnapshot()
+        self._snapshots = [PinnedSnapshot() for _ in range(self.SNAPSHOTS)]
+        # per snapshot, the thread writing the files copied into it
+        self._writers: list[threading.Thread | None] = [None] * self.SNAPSHOTS
+        self._current = 0  # the snapshot of the last copy
         self._go = threading.Event()
         self._go.set()
 
@@ -112,33 +123,39 @@ class CheckpointWriter:
 
     def copy(self, states: list[Any]) -> list[Any]:
         """Host copies of ``states`` for :meth:`write` (their tensors' copies queued, not
-        waited for: the writer's thread waits), valid until the next :meth:`copy`. The trainer
+        waited for: the writer's thread waits), valid until the next copy but one. The trainer
         copies at the epoch's last batch, while the GPU still runs the epoch's last steps,
-        and writes at the epoch's end."""
-        self.wait()  # the previous files are written: the snapshot's buffers are free
-        return self._snapshot.take(states)
+        and writes at the epoch's end. Waits only where the files of both snapshots are still
+        being written (class docstring); raises what a finished write failed with."""
+        if _running(self._writers[self._current]):
+            self._current = (self._current + 1) % self.SNAPSHOTS
+        writer = self._writers[self._current]
+        if _running(writer):
+            self._go.set()  # a held write would never end
+            writer.join()
+        self._writers[self._current] = None
+        self._raise_failure()
+        return self._snapshots[self._current].take(states)
 
     def write(self, files: list[tuple[dict[str, Any], Path]]) -> None:
-        """Write ``files``, whose states hold only host tensors (:meth:`copy`'s), in the
-        background."""
+        """Write ``files``, whose states hold only host tensors (the last :meth:`copy`'s), in
+        the background, after the files submitted before them."""
         files = [(state, Path(path)) for state, path in files]
+        copied = self._snapshots[self._current].copied
         self._thread = threading.Thread(
-            target=self._write, args=(files, self._snapshot.copied), name="falconet-checkpoint"
+            target=self._write, args=(files, copied, self._thread), name="falconet-checkpoint"
         )
+        self._writers[self._current] = self._thread
         self._thread.start()
 
     def wait(self) -> None:
         """Block until the submitted files are written; raise if writing failed."""
         self._go.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join()  # it joined the writes before it
             self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise CheckpointError(
-                f"writing a checkpoint failed: {error}. The previous checkpoint is intact; "
-                "free disk space or fix the run folder's permissions and resume from it"
-            ) from error
+        self._writers = [None] * self.SNAPSHOTS
+        self._raise_failure()
 
     def close(self) -> None:
         """:meth:`wait`, logging a failed write instead of raising: for the way out of a run
@@ -148,17 +165,34 @@ class CheckpointWriter:
         except CheckpointError as exc:
             log.error("%s", exc)
 
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(
+                f"writing a checkpoint failed: {error}. The previous checkpoint is intact; "
+                "free disk space or fix the run folder's permissions and resume from it"
+            ) from error
+
     def _write(
-        self, files: list[tuple[dict[str, Any], Path]], copied: torch.cuda.Event | None
+        self,
+        files: list[tuple[dict[str, Any], Path]],
+        copied: torch.cuda.Event | None,
+        previous: threading.Thread | None,
     ) -> None:
         try:
+            if previous is not None:
+                previous.join()  # its files land first (the same paths, renamed in order)
             if copied is not None:
                 copied.synchronize()
             self._go.wait()
             for state, path in files:
                 save_atomic(state, path)
-        except BaseException as exc:  # re-raised on the training thread by wait()
-            self._error = exc
+        except BaseException as exc:  # re-raised on the training thread by copy() or wait()
+            self._error = self._error or exc
+
+
+def _running(thread: threading.Thread | None) -> bool:
+    return thread is not None and thread.is_alive()
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

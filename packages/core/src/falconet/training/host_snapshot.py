@@ -21,8 +21,8 @@ state, and ``best.pt``'s ``weights``: each ``state_dict()`` call makes new tenso
 same memory) is copied once: tensors are the same when their memory and layout are.
 
 The buffers are reused, so a snapshot is valid until the next :meth:`PinnedSnapshot.take`: the
-:class:`~falconet.training.checkpoint.CheckpointWriter` waits for the previous files before
-taking the next. Host tensors (the RNG states; every tensor of a run on the CPU) are cloned,
+:class:`~falconet.training.checkpoint.CheckpointWriter` keeps two, and takes the next copy into
+one whose files are written. Host tensors (the RNG states; every tensor of a run on the CPU) are cloned,
 once each.
 """
 
