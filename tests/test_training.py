@@ -3,6 +3,7 @@ run with the network cut off."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -440,6 +441,43 @@ def test_an_epochs_checkpoint_is_written_from_the_middle_of_the_next_epoch(
     epoch_2 = [(1, 1, True), (1, 2, False), (1, 3, False)]  # released at the second of three
     assert held == epoch_1 + epoch_2
     assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 2
+
+
+def test_the_next_epochs_first_batch_is_fetched_before_the_last_log_read_and_changes_nothing(
+    tiny_run, installed_falconet_plugins
+):
+    """An epoch's last log read waits for the GPU, which then idles until the next step is
+    launched: the next epoch's first batch is fetched before that read (Trainer._fetch), never
+    past the run's last epoch, and the run trains what a run fetching every batch in line
+    trains (a profiler's timed phases fetch in line): the same batches, the same weights."""
+    plugins = installed_falconet_plugins
+    ahead = _trainer(tiny_run, plugins, epochs=3, name="ahead")
+    initial = {k: v.clone() for k, v in ahead.run.model.state_dict().items()}
+    events: list[str] = []
+    fetch, read = ahead._fetch, ahead._log_reads.read
+
+    def logged_fetch(batches):
+        events.append("fetch")
+        return fetch(batches)
+
+    def logged_read(values, *, now):
+        events.append("read" if now else "lagged read")
+        return read(values, now=now)
+
+    ahead._fetch, ahead._log_reads.read = logged_fetch, logged_read
+    ahead.fit()
+    batches = ahead.state.batches_per_epoch
+    assert batches == 3
+    fetches = [e for e in events if e != "lagged read"]
+    assert fetches == (
+        ["fetch"] * 4 + ["read"] + ["fetch"] * 3 + ["read"] + ["fetch"] * 2 + ["read"]
+    )
+    in_line = _trainer(tiny_run, plugins, epochs=3, name="in-line")
+    in_line.run.phases.use(lambda name: contextlib.nullcontext())
+    in_line.fit()
+    trained, expected = ahead.run.model.state_dict(), in_line.run.model.state_dict()
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial)  # it trained
+    assert all(torch.equal(trained[k], expected[k]) for k in expected)
 
 
 def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(

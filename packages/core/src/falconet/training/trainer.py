@@ -100,6 +100,7 @@ class Trainer:
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
         self._copies: dict[str, Any] | None = None  # the epoch's tensors, copied (_copy_tensors)
+        self._ahead: tuple[torch.Tensor, Targets] | None = None  # the next epoch's first batch
         self._log_reads = LaggedReads()
         self._weights_were_finite = True  # the last epoch's, read with its last log read
         self.state = RunState(
@@ -169,7 +170,7 @@ class Trainer:
             self.callbacks.fire("on_exception", self.state, exc)
             raise
         finally:
-            self._batches = None  # what the workers prepared beyond the last epoch is dropped
+            self._batches = self._ahead = None  # what was prepared beyond the run is dropped
             self._val_batches = None
             for loader in (run.train_loader, run.val_loader):
                 if loader is not None:
@@ -186,7 +187,7 @@ class Trainer:
         """One epoch of training; its results.csv row, or ``None`` when :meth:`request_stop`
         ended it early."""
         run, cfg, state = self.run, self.cfg, self.state
-        device, phases, step = run.device, run.phases, run.step
+        step = run.step
         batches_per_epoch = state.batches_per_epoch
         run.model.train()
         if self._validation_due():
@@ -201,12 +202,8 @@ class Trainer:
         batches = self._batches  # fit()'s iterator: the next batch is this epoch's first
         release_at = write_release_batch(batches_per_epoch)
         for i in range(batches_per_epoch):
-            with phases("data"):
-                batch = next(batches)
-            with phases("to-device"):
-                # uint8 to float32 in [0, 1] in one kernel (.float().div_() is two passes)
-                images = batch["images"].to(device, non_blocking=True).div(255)
-                targets = Targets.from_batch(batch).to(device, non_blocking=True)
+            ahead, self._ahead = self._ahead, None
+            images, targets = ahead or self._fetch(batches)
             update = (i + 1) % run.accumulate == 0 or i + 1 == batches_per_epoch
             loss, parts = step(images, targets, update=update)
             # bookkeeping on the device: sums of finite losses and the non-finite run length
@@ -229,6 +226,8 @@ class Trainer:
             if last:  # queued before the log read's wait for the GPU, read by it
                 self._copy_tensors()
                 weights_finite = self._weights_finite()
+                if self.progress.epoch + 1 < cfg.epochs and not run.phases.timed:
+                    self._ahead = self._fetch(batches)  # the next epoch's first (_fetch)
             if (i + 1) % cfg.log_interval == 0 or last:
                 self._read_log(
                     names, sums, good, worst, images_seen, start, now=last, also=weights_finite
@@ -247,6 +246,24 @@ class Trainer:
         row["epoch_time"] = round(seconds, 3)
         row["img/s"] = round(images_seen / seconds, 1)
         return row
+
+    def _fetch(self, batches: Iterator[dict[str, Any]]) -> tuple[torch.Tensor, Targets]:
+        """The next batch of ``batches``, on the device: its images as floats in [0, 1] and
+        its targets, their copies queued. At an epoch's last batch the next epoch's first is
+        fetched before the log read (kept in ``_ahead``): that read waits for the GPU, which
+        then idles until the host launches the next step, and the loader's hand-over and the
+        copies are then already done. Nothing of the run changes by it: a batch is its
+        epoch's and index's whenever it is fetched, and a run that stops there drops it. While
+        a profiler times the phases (:class:`~falconet.training.phases.Phases`), each batch is
+        fetched in line, so that the phases it records for a batch are that batch's."""
+        run = self.run
+        with run.phases("data"):
+            batch = next(batches)
+        with run.phases("to-device"):
+            # uint8 to float32 in [0, 1] in one kernel (.float().div_() is two passes)
+            images = batch["images"].to(run.device, non_blocking=True).div(255)
+            targets = Targets.from_batch(batch).to(run.device, non_blocking=True)
+        return images, targets
 
     def _read_log(
         self, names, sums, good, worst, images_seen, start, *, now: bool, also=None
