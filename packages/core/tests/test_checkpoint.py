@@ -176,8 +176,9 @@ def test_a_held_write_waits_for_release_and_wait_releases_it(tmp_path):
     first, second = tmp_path / "first.pt", tmp_path / "second.pt"
     writer.hold()
     writer.write([({"format": FORMAT, "epoch": 1}, first)])
-    writer._thread.join(timeout=0.5)  # time enough to write a small file, were it not held
-    assert writer.held and writer._thread.is_alive() and not first.exists()
+    written = writer._written[writer._current]
+    assert not written.wait(timeout=0.5)  # time enough to write a small file, were it not held
+    assert writer.held and not first.exists()
     writer.release()
     writer.wait()
     assert not writer.held and load_checkpoint(first)["epoch"] == 1
@@ -208,10 +209,10 @@ def test_a_copy_during_a_slow_write_takes_a_second_snapshot_and_files_land_in_or
     last = tmp_path / "last.pt"
     writer = checkpoint.CheckpointWriter()
     writer.submit([({"format": FORMAT, "epoch": 1, "w": weights}, last)])
-    first = writer._thread
+    first = writer._written[writer._current]  # set once epoch 1's file is written
     weights.mul_(2)  # the next epoch's updates
     second = writer.copy([{"format": FORMAT, "epoch": 2, "w": weights}])[0]
-    assert first.is_alive(), "the copy waited for the previous files"
+    assert not first.is_set(), "the copy waited for the previous files"
     writer.write([(second, last)])
     weights.mul_(2)
     third: list = []
@@ -224,6 +225,8 @@ def test_a_copy_during_a_slow_write_takes_a_second_snapshot_and_files_land_in_or
     gate.set()
     copying.join(timeout=10)
     writer.write([(third[0][0], last)])
+    threads = [t.name for t in threading.enumerate()]
+    assert threads.count("falconet-checkpoint") == 1  # one for the run, not one a write
     writer.wait()
     assert saved == [(1, [1.0] * 4), (2, [2.0] * 4), (3, [4.0] * 4)]
     assert load_checkpoint(last)["epoch"] == 3

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import random
 import re
 import tempfile
@@ -69,18 +70,22 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> Path:
 
 
 class CheckpointWriter:
-    """Writes checkpoints on background threads, one batch of files after another.
+    """Writes checkpoints on a background thread, one batch of files after another.
 
     :meth:`submit` (:meth:`copy` then :meth:`write`) snapshots the states to host memory on
     the caller's thread (:class:`~falconet.training.host_snapshot.PinnedSnapshot`: a few
     copies queued on the stream, no wait for them) and returns; the files are written by
-    :func:`save_atomic`, so a crash mid-write leaves the previous checkpoint. Each write's
-    thread starts writing once the write before it has ended, so the files land in the order
-    submitted. :meth:`wait` blocks until the last submitted files are on disk and raises a
+    :func:`save_atomic`, so a crash mid-write leaves the previous checkpoint, in the order
+    submitted. :meth:`wait` blocks until the submitted files are on disk and raises a
     :class:`CheckpointError` if writing them failed (a full disk, a vanished folder), so a
     failed write stops the run at the next copy (the trainer's: the next epoch's last batch)
-    instead of passing unnoticed. A write can be held (:meth:`hold`): its thread then waits
+    instead of passing unnoticed. A write can be held (:meth:`hold`): the thread then waits
     for the snapshot's copies and for :meth:`release` before serialising anything.
+
+    One thread writes every file until :meth:`wait`: a thread started for each write made the
+    caller wait for the new thread's start, at the epoch's end, where the GPU waits for the
+    caller (the next epoch's first launch). It is a daemon, so a caller that never waits
+    cannot keep the interpreter from exiting; the trainer waits before it returns or raises.
 
     A snapshot's buffers are reused at the next copy but one: when the previous files are
     still being written as the next copy comes (an epoch shorter than serialising and
@@ -92,12 +97,13 @@ class CheckpointWriter:
     SNAPSHOTS = 2
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None  # the last write's
         self._error: BaseException | None = None
         self._snapshots = [PinnedSnapshot() for _ in range(self.SNAPSHOTS)]
-        # per snapshot, the thread writing the files copied into it
-        self._writers: list[threading.Thread | None] = [None] * self.SNAPSHOTS
+        # per snapshot, set once the files copied into it are written (None: nothing pending)
+        self._written: list[threading.Event | None] = [None] * self.SNAPSHOTS
         self._current = 0  # the snapshot of the last copy
+        self._jobs: queue.SimpleQueue | None = None  # the thread's, while it runs
+        self._thread: threading.Thread | None = None
         self._go = threading.Event()
         self._go.set()
 
@@ -127,13 +133,13 @@ class CheckpointWriter:
         copies at the epoch's last batch, while the GPU still runs the epoch's last steps,
         and writes at the epoch's end. Waits only where the files of both snapshots are still
         being written (class docstring); raises what a finished write failed with."""
-        if _running(self._writers[self._current]):
+        if _pending(self._written[self._current]):
             self._current = (self._current + 1) % self.SNAPSHOTS
-        writer = self._writers[self._current]
-        if _running(writer):
+        written = self._written[self._current]
+        if written is not None:
             self._go.set()  # a held write would never end
-            writer.join()
-        self._writers[self._current] = None
+            written.wait()
+        self._written[self._current] = None
         self._raise_failure()
         return self._snapshots[self._current].take(states)
 
@@ -141,20 +147,25 @@ class CheckpointWriter:
         """Write ``files``, whose states hold only host tensors (the last :meth:`copy`'s), in
         the background, after the files submitted before them."""
         files = [(state, Path(path)) for state, path in files]
-        copied = self._snapshots[self._current].copied
-        self._thread = threading.Thread(
-            target=self._write, args=(files, copied, self._thread), name="falconet-checkpoint"
-        )
-        self._writers[self._current] = self._thread
-        self._thread.start()
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(
+                target=self._work, args=(self._jobs,), name="falconet-checkpoint", daemon=True
+            )
+            self._thread.start()
+        written = threading.Event()
+        self._jobs.put((files, self._snapshots[self._current].copied, written))
+        self._written[self._current] = written
 
     def wait(self) -> None:
-        """Block until the submitted files are written; raise if writing failed."""
+        """Block until the submitted files are written (the thread then ends); raise if
+        writing failed."""
         self._go.set()
-        if self._thread is not None:
-            self._thread.join()  # it joined the writes before it
-            self._thread = None
-        self._writers = [None] * self.SNAPSHOTS
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._jobs = self._thread = None
+        self._written = [None] * self.SNAPSHOTS
         self._raise_failure()
 
     def close(self) -> None:
@@ -173,26 +184,24 @@ class CheckpointWriter:
                 "free disk space or fix the run folder's permissions and resume from it"
             ) from error
 
-    def _write(
-        self,
-        files: list[tuple[dict[str, Any], Path]],
-        copied: torch.cuda.Event | None,
-        previous: threading.Thread | None,
-    ) -> None:
-        try:
-            if previous is not None:
-                previous.join()  # its files land first (the same paths, renamed in order)
-            if copied is not None:
-                copied.synchronize()
-            self._go.wait()
-            for state, path in files:
-                save_atomic(state, path)
-        except BaseException as exc:  # re-raised on the training thread by copy() or wait()
-            self._error = self._error or exc
+    def _work(self, jobs: queue.SimpleQueue) -> None:
+        """The writer's thread: each job's files in turn, until :meth:`wait`'s ``None``."""
+        while (job := jobs.get()) is not None:
+            files, copied, written = job
+            try:
+                if copied is not None:
+                    copied.synchronize()
+                self._go.wait()
+                for state, path in files:
+                    save_atomic(state, path)
+            except BaseException as exc:  # re-raised on the training thread by copy() or wait()
+                self._error = self._error or exc
+            finally:
+                written.set()
 
 
-def _running(thread: threading.Thread | None) -> bool:
-    return thread is not None and thread.is_alive()
+def _pending(written: threading.Event | None) -> bool:
+    return written is not None and not written.is_set()
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
