@@ -480,6 +480,26 @@ def test_the_next_epochs_first_batch_is_fetched_before_the_last_log_read_and_cha
     assert all(torch.equal(trained[k], expected[k]) for k in expected)
 
 
+def test_a_loader_failing_at_the_next_epochs_first_batch_keeps_this_epochs_checkpoint(
+    tiny_run, installed_falconet_plugins
+):
+    """The next epoch's first batch is fetched before this epoch is saved: a loader that fails
+    there (a worker killed) raises at the next epoch's start, after this epoch's files."""
+    trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
+    fetch, fetched = trainer._fetch, []
+
+    def failing_fetch(batches):
+        fetched.append(trainer.progress.epoch)
+        if len(fetched) == 4:  # 3 batches an epoch: the second epoch's first
+            raise RuntimeError("a loader worker died")
+        return fetch(batches)
+
+    trainer._fetch = failing_fetch
+    with pytest.raises(RuntimeError, match="worker died"):
+        trainer.fit()
+    assert load_checkpoint(trainer.weights_dir / "last.pt")["epoch"] == 1
+
+
 def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
     tiny_run, tmp_path, caplog
 ):

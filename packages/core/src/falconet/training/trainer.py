@@ -100,7 +100,8 @@ class Trainer:
         self._improved = False
         self.checkpoints = CheckpointWriter()  # last.pt and best.pt, written in the background
         self._copies: dict[str, Any] | None = None  # the epoch's tensors, copied (_copy_tensors)
-        self._ahead: tuple[torch.Tensor, Targets] | None = None  # the next epoch's first batch
+        # the next epoch's first batch, or what fetching it raised (_fetch_ahead)
+        self._ahead: tuple[torch.Tensor, Targets] | Exception | None = None
         self._log_reads = LaggedReads()
         self._weights_were_finite = True  # the last epoch's, read with its last log read
         self.state = RunState(
@@ -203,6 +204,8 @@ class Trainer:
         release_at = write_release_batch(batches_per_epoch)
         for i in range(batches_per_epoch):
             ahead, self._ahead = self._ahead, None
+            if isinstance(ahead, Exception):
+                raise ahead  # where it was raised before the fetch moved ahead (_fetch_ahead)
             images, targets = ahead or self._fetch(batches)
             update = (i + 1) % run.accumulate == 0 or i + 1 == batches_per_epoch
             loss, parts = step(images, targets, update=update)
@@ -227,7 +230,7 @@ class Trainer:
                 self._copy_tensors()
                 weights_finite = self._weights_finite()
                 if self.progress.epoch + 1 < cfg.epochs and not run.phases.timed:
-                    self._ahead = self._fetch(batches)  # the next epoch's first (_fetch)
+                    self._fetch_ahead(batches)
             if (i + 1) % cfg.log_interval == 0 or last:
                 self._read_log(
                     names, sums, good, worst, images_seen, start, now=last, also=weights_finite
@@ -264,6 +267,15 @@ class Trainer:
             images = batch["images"].to(run.device, non_blocking=True).div(255)
             targets = Targets.from_batch(batch).to(run.device, non_blocking=True)
         return images, targets
+
+    def _fetch_ahead(self, batches: Iterator[dict[str, Any]]) -> None:
+        """The next epoch's first batch into ``_ahead`` (:meth:`_fetch`), or what fetching it
+        raised, to be raised when the next epoch asks for the batch: a loader that fails there
+        (a worker killed, say) must not cost this epoch its checkpoint."""
+        try:
+            self._ahead = self._fetch(batches)
+        except Exception as exc:
+            self._ahead = exc
 
     def _read_log(
         self, names, sums, good, worst, images_seen, start, *, now: bool, also=None
