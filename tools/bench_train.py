@@ -548,6 +548,16 @@ def run_falconet(args) -> dict:
     return result
 
 
+def target_bucket(text: str) -> tuple[int, int]:
+    """``--bucket``'s ``M,N``: two positive integers."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a target bucket is two positive integers, M,N (e.g. 128,1024)"
+        )
+    return int(parts[0]), int(parts[1])
+
+
 def timed_calls(owner, name: str, synchronize=None) -> list[float]:
     """Seconds of every later call of ``owner.name``, appended to the list returned; the
     call itself runs unchanged (a timer around it, for a benchmark's record). With
@@ -1227,7 +1237,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--bucket",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
+        type=target_bucket,
         help="isolated step: pad the batch's targets to this target bucket, M,N (the step "
         "a run replays once it has recorded a larger one)",
     )

@@ -252,13 +252,7 @@ class Trainer:
 
     def _fetch(self, batches: Iterator[dict[str, Any]]) -> tuple[torch.Tensor, Targets]:
         """The next batch of ``batches``, on the device: its images as floats in [0, 1] and
-        its targets, their copies queued. At an epoch's last batch the next epoch's first is
-        fetched before the log read (kept in ``_ahead``): that read waits for the GPU, which
-        then idles until the host launches the next step, and the loader's hand-over and the
-        copies are then already done. Nothing of the run changes by it: a batch is its
-        epoch's and index's whenever it is fetched, and a run that stops there drops it. While
-        a profiler times the phases (:class:`~falconet.training.phases.Phases`), each batch is
-        fetched in line, so that the phases it records for a batch are that batch's."""
+        its targets, their copies queued."""
         run = self.run
         with run.phases("data"):
             batch = next(batches)
@@ -269,9 +263,15 @@ class Trainer:
         return images, targets
 
     def _fetch_ahead(self, batches: Iterator[dict[str, Any]]) -> None:
-        """The next epoch's first batch into ``_ahead`` (:meth:`_fetch`), or what fetching it
-        raised, to be raised when the next epoch asks for the batch: a loader that fails there
-        (a worker killed, say) must not cost this epoch its checkpoint."""
+        """The next epoch's first batch into ``_ahead`` (:meth:`_fetch`), at an epoch's last
+        batch, before its log read: that read waits for the GPU, which then idles until the
+        host launches the next step, and the loader's hand-over and the copies are then
+        already done. Nothing of the run changes by it: a batch is its epoch's and index's
+        whenever it is fetched, and a run that stops there drops it. While a profiler times
+        the phases (:class:`~falconet.training.phases.Phases`) the loop does not call this, so
+        the phases recorded for a batch are that batch's. What fetching raised is kept in
+        ``_ahead`` and raised when the next epoch asks for the batch: a loader that fails
+        there (a worker killed, say) must not cost this epoch its checkpoint."""
         try:
             self._ahead = self._fetch(batches)
         except Exception as exc:
