@@ -233,33 +233,91 @@ def test_a_batch_with_fewer_boxes_replays_in_a_larger_bucket(keys, installed_fal
     # (slots per image, boxes per batch): at most (16, 32) in these batches of 4, and varied
     buckets = {Targets.from_batch(b).bucket for b in data}
     assert len(buckets) > 1 and all(fits(b, (16, 32)) for b in buckets)
-    train(whole, data[:6], padded((32, 64)))  # records the larger bucket
+    train(whole, data[:6], padded((32, 64)))  # records the larger bucket (and the one above)
     step = whole.step
-    assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 64)]
+    assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 64), (64, 128)]
     replayed = step.stats().replayed
     train(whole, data[6:])  # each bucket fits in (32, 64): replayed, not recorded
-    assert step.stats().replayed == replayed + 4 and step.stats().recorded == 1
+    assert step.stats().replayed == replayed + 4 and step.stats().recorded == 2
+    assert step.micros[next(iter(step.micros))][1].replays == 0  # the smallest bucket replays
 
 
 def test_a_new_box_count_records_at_the_largest_slot_count_so_far(keys, installed_falconet_plugins):
     """Per box, the slots per image cost next to nothing, so a recording for a new batch box
     count ``N`` takes the largest ``M`` recorded before: fewer recordings in a run. A bucket
     recorded as its eager batches ran it is ``trained`` (no warm-up pass needed); a widened
-    one is not."""
+    one is not, nor the bucket recorded ahead with the first."""
     recorder = EagerStepRecorder()
     whole = run_for(keys, installed_falconet_plugins, recorder)
     data = batches(whole, 12)
     few_slots = [b for b in data if Targets.from_batch(b).bucket[0] == 8][:3]
     assert len(few_slots) == 3
-    train(whole, data[:6], padded((32, 32)))  # recorded at (32, 32)
-    train(whole, few_slots, padded((8, 64)))  # a new N: recorded at (32, 64)
+    train(whole, data[:6], padded((32, 32)))  # recorded at (32, 32), and (64, 64) ahead
+    train(whole, few_slots, padded((8, 128)))  # a new N: recorded at (64, 128)
     step = whole.step
-    assert [r.bucket for r in next(iter(step.micros.values()))] == [(32, 32), (32, 64)]
-    assert recorder.trained == [True, False]
+    buckets = [r.bucket for r in next(iter(step.micros.values()))]
+    assert buckets == [(32, 32), (64, 64), (64, 128)]
+    assert recorder.trained == [True, False, False]
     recorded, replayed = step.stats().recorded, step.stats().replayed
-    train(whole, data[:2], padded((32, 64)))  # fits: no third recording
-    assert step.stats().recorded == recorded == 2
+    train(whole, data[:2], padded((32, 128)))  # fits: no fourth recording
+    assert step.stats().recorded == recorded == 3
     assert step.stats().replayed == replayed + 2
+
+
+def test_the_first_recording_records_the_bucket_above_it_and_its_batches_replay_at_once(
+    keys, installed_falconet_plugins, caplog
+):
+    """With the run's first recording the bucket above it is recorded too (``ahead_bucket``):
+    a later batch of that bucket replays at once, with no eager batch and no recording in the
+    middle of its epoch, and trains as the eager step does."""
+    plugins = installed_falconet_plugins
+    eager = run_for(keys, plugins)
+    whole = run_for(keys, plugins, EagerStepRecorder())
+    data = batches(eager, 12)
+    plan = [(data[:6], (32, 32)), (data[6:], (64, 64))]
+    initial = [t.clone() for t in state(whole)]
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        reference = [x for part, b in plan for x in train(eager, part, padded(b))]
+        got = [x for part, b in plan for x in train(whole, part, padded(b))]
+    stats = whole.step.stats()
+    assert stats.recorded == 2 and stats.eager == 2  # the first bucket's first two batches
+    assert stats.replayed == 10  # the third (32, 32) batch on: every (64, 64) batch too
+    assert "with target bucket (64, 64) ahead" in caplog.text
+    assert got == reference
+    assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(state(eager), initial, strict=True))
+
+
+def test_a_failed_recording_ahead_is_logged_and_the_run_keeps_its_recordings(
+    keys, installed_falconet_plugins, caplog
+):
+    """The bucket recorded ahead is a convenience: its capture failing leaves the first
+    recording replaying, and a batch that needs that bucket records it by the usual rule."""
+
+    class FailsAhead(EagerStepRecorder):
+        failed_once = False
+
+        def micro(self, step, images, targets, bucket, *, trained=False):
+            if bucket == (64, 64) and not self.failed_once:
+                self.failed_once = True
+                raise RuntimeError("CUDA error: out of memory")
+            return super().micro(step, images, targets, bucket, trained=trained)
+
+    plugins = installed_falconet_plugins
+    eager = run_for(keys, plugins)
+    whole = run_for(keys, plugins, FailsAhead())
+    data = batches(eager, 12)
+    plan = [(data[:6], (32, 32)), (data[6:], (64, 64))]
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        reference = [x for part, b in plan for x in train(eager, part, padded(b))]
+        got = [x for part, b in plan for x in train(whole, part, padded(b))]
+    stats = whole.step.stats()
+    assert stats.failed == 0 and not whole.step.failed  # not given up
+    assert "did not capture the step ahead for target bucket (64, 64)" in caplog.text
+    # (64, 64) recorded on its third batch, by the usual rule, after two eager ones
+    assert [r.bucket for r in next(iter(whole.step.micros.values()))] == [(32, 32), (64, 64)]
+    assert stats.eager == 4 and stats.recorded == 2
+    assert got == reference
 
 
 def test_padding_does_not_change_the_loss(keys, installed_falconet_plugins):
@@ -378,8 +436,11 @@ def test_fuse_compiles_the_network_or_the_loss_inside_the_step(
     assert f"fuse={fuse}: the captured step runs Inductor's kernels" in caplog.text  # said
     assert f"this run is {fused.precision.name}: check your accuracy" in caplog.text
     assert fused.step.stats().replayed >= 2
-    # Dynamo compiled what was asked: the network once, the loss once per target bucket
-    buckets = sum(len(recorded) for recorded in fused.step.micros.values())
+    # Dynamo compiled what was asked: the network once, the loss once per target bucket run
+    # (this recorder runs nothing when it records: the bucket recorded ahead is never run here)
+    recordings = [r for recorded in fused.step.micros.values() for r in recorded]
+    buckets = sum(1 for r in recordings if r.replays)
+    assert len(recordings) == 2 and buckets == 1
     assert counters["stats"]["unique_graphs"] == network + loss * buckets
     assert not counters["graph_break"]  # in one piece: no eager op between Inductor kernels
     torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5)
@@ -454,7 +515,8 @@ def test_fp16_records_before_the_scalers_first_taken_update(keys, installed_falc
     assert skipped >= 2 and reference_scales[-1] == reference_scales[-2]  # skipped, then taken
     got, scales = run_scaled(whole, data, one_bucket)
     stats = whole.step.stats()
-    assert (stats.replayed, stats.eager, stats.recorded, stats.failed) == (10, 2, 1, 0)
+    # (32, 64), and the bucket above it recorded ahead
+    assert (stats.replayed, stats.eager, stats.recorded, stats.failed) == (10, 2, 2, 0)
     assert scales == reference_scales and got == reference
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(whole), strict=True))
 
@@ -543,10 +605,10 @@ def test_recording_time_is_counted_and_logged(keys, installed_falconet_plugins, 
 
     whole = run_for(keys, installed_falconet_plugins, SlowRecorder())
     with caplog.at_level(logging.INFO, logger="falconet.train"):
-        train(whole, batches(whole, 6), padded((32, 64)))  # one bucket
+        train(whole, batches(whole, 6), padded((32, 64)))  # one bucket, and the one above
     stats = whole.step.stats()
-    assert stats.recorded == 1
-    assert stats.capture_seconds >= 0.05
+    assert stats.recorded == 2
+    assert stats.capture_seconds >= 0.1
     assert re.search(
         r"captured the step for input .* with target bucket .* in \d+ ms, "
         r"warm-up \(3\) 40 ms, capture 10 ms",
@@ -649,7 +711,8 @@ def test_a_bucket_its_eager_batches_ran_is_recorded_without_a_pass_and_trains_as
     whole = run_for(keys, plugins, CudaStepRecorder())
     data = batches(eager, 12)
     device = eager.device
-    plan = [(data[:6], (32, 32)), (data[6:], (32, 64))]
+    # past the bucket recorded ahead with the first, (64, 64), at its slots per image
+    plan = [(data[:6], (32, 32)), (data[6:], (64, 128))]
     plan = [([{**b, "images": b["images"].to(device)} for b in part], b) for part, b in plan]
 
     def on_device(bucket):
@@ -658,7 +721,8 @@ def test_a_bucket_its_eager_batches_ran_is_recorded_without_a_pass_and_trains_as
     reference = [loss for part, bucket in plan for loss in train(eager, part, on_device(bucket))]
     got = [loss for part, bucket in plan for loss in train(whole, part, on_device(bucket))]
     recordings = next(iter(whole.step.micros.values()))
-    assert [r.bucket for r in recordings] == [(32, 32), (32, 64)]
-    assert [next(iter(r.phases)) for r in recordings] == ["warm-up (3)", "warm-up (0)"]
+    assert [r.bucket for r in recordings] == [(32, 32), (64, 64), (64, 128)]
+    phases = [next(iter(r.phases)) for r in recordings]
+    assert phases == ["warm-up (3)", "warm-up (1)", "warm-up (0)"]
     assert whole.step.stats().replayed >= 6
     torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)

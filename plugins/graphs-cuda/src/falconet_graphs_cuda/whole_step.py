@@ -13,7 +13,9 @@ the batches it does not replay. Per batch:
   once the optimizer has its state (made on the first call: SGD's momentum buffers as
   zeros, AdamW's as torch makes it, :meth:`StaticStep.make_state`). Until then
   the batch runs on the eager step, so a batch with more boxes than any bucket runs eager
-  until its larger bucket has repeated;
+  until its larger bucket has repeated. With the run's first recording the bucket above it
+  is recorded too (:func:`ahead_bucket`), in the first epoch rather than in the middle of a
+  later one;
 * each recording is the forward + loss + backward graph of its key; one more graph, shared by
   every key, is the optimizer step (clip, SGD, EMA, zero gradients), replayed on the batches
   that update the weights (every ``accumulate``-th). Learning rates, momenta and the EMA weight
@@ -89,6 +91,15 @@ class StepRecorder(Protocol):
         ...
 
     def update(self, step: StaticStep) -> UpdateRecording: ...
+
+
+def ahead_bucket(bucket: tuple[int, int]) -> tuple[int, int]:
+    """The bucket recorded ahead with a run's first (``WholeStep._record_ahead``): twice the
+    slots per image and twice the boxes of ``bucket`` ``(M, N)``, the next power of two of
+    each. Its replays cost the per-box work of ``2N`` boxes for a batch that fits it and not
+    ``(M, N)``; the slots per image cost next to nothing (``WholeStep._widened``)."""
+    slots, boxes = bucket
+    return (2 * slots, 2 * boxes)
 
 
 class WholeStep:
@@ -179,7 +190,27 @@ class WholeStep:
         # own bucket, not the agreed one, and a recording retried after a pass on one rank
         # alone would meet no loss collective on the others
         trained = widened == bucket and self.capture_after > 1 and self.collectives is None
-        bucket = widened
+        first = not self.micros
+        recording = self._record(image_key, images, targets, widened, trained=trained)
+        if recording is None:
+            return None
+        if first and len(widened) == 2:
+            self._record_ahead(image_key, images, targets, ahead_bucket(widened))
+        return recording
+
+    def _record(
+        self,
+        image_key: tuple,
+        images: torch.Tensor,
+        targets: Targets,
+        bucket: tuple[int, ...],
+        *,
+        trained: bool,
+        ahead: bool = False,
+    ) -> MicroRecording | None:
+        """``bucket`` recorded for this batch's image shape (the update's graph too, with the
+        first recording), or ``None`` where that failed on any rank: then the run records no
+        more (:meth:`_give_up`), unless the recording was ``ahead`` (:meth:`_record_ahead`)."""
         recorder = self.recorder
         self.step.bind()  # the update graph reads and zeroes the static gradients
         start = time.perf_counter()
@@ -195,7 +226,15 @@ class WholeStep:
         failure = self._failed_anywhere(failure)
         if failure is not None:
             self.capture_seconds += time.perf_counter() - start
-            self._give_up(images, bucket, failure)
+            if ahead:
+                log.warning(
+                    "graph=whole-step did not capture the step ahead for target bucket %s: "
+                    "%s; a batch that needs it records it then",
+                    bucket,
+                    failure,
+                )
+            else:
+                self._give_up(images, bucket, failure)
             return None
         seconds = time.perf_counter() - start
         self.capture_seconds += seconds
@@ -204,13 +243,28 @@ class WholeStep:
         buckets.sort(key=lambda r: r.bucket[::-1])  # the fewest boxes first: the least work
         self.counts["recorded"] += 1
         log.info(
-            "graph=whole-step: captured the step for input %s with target bucket %s in %.0f ms%s",
+            "graph=whole-step: captured the step for input %s with target bucket %s%s in %.0f ms%s",
             list(images.shape),
             bucket,
+            " ahead" if ahead else "",
             seconds * 1e3,
             "".join(f", {name} {t * 1e3:.0f} ms" for name, t in recording.phases.items()),
         )
         return recording
+
+    def _record_ahead(
+        self, image_key: tuple, images: torch.Tensor, targets: Targets, bucket: tuple[int, int]
+    ) -> None:
+        """With the run's first recording, the bucket above it (:func:`ahead_bucket`) too, on
+        the same batch padded up to it. A batch's box count wanders around the power of two
+        of the first recording (with mosaic, over two or three of them), so the bucket above
+        comes within the first epochs: met then, it costs a recording in the middle of an
+        epoch and ``capture_after - 1`` eager batches before it, where the training thread's
+        lead over the GPU runs out; recorded here, one capture and one warm-up pass in the
+        first epoch, whose batches are eager or recording anyway. It takes no memory that a
+        batch of that bucket would not. A failure here is logged and not given up on: a batch
+        that needs the bucket records it by the usual rule."""
+        self._record(image_key, images, targets, bucket, trained=False, ahead=True)
 
     def _failed_anywhere(self, failure: str | None) -> str | None:
         """This rank's recording failure, or in a distributed run another rank's (one host

@@ -21,7 +21,8 @@ seconds.
 
 Synthetic targets hold twice a mosaic's mean box count per image (four images' worth of the
 train split's mean), so the loss, whose memory grows with the box count, is measured at the
-box bucket above the typical one.
+box bucket above the typical one (and, with ``graph=whole-step``, whose first recording
+records the bucket above its own as a run's does, at that bucket's too).
 
 In a distributed run rank 0 probes on its GPU while the other ranks wait, then every rank
 takes the global batch it chose (the per-rank batch times the world size); the GPUs of a run
