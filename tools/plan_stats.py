@@ -12,6 +12,11 @@ augmentation keys, the sampler's order), for each path: the mean boxes per sampl
 median box area in output pixels, the share of samples flipped and of mosaics; printed and
 written as the mean and the standard deviation over epochs. Nothing is decoded: a plan needs
 the images' sizes only, which the dataset check measured. CPU only, a few seconds.
+
+With ``--buckets``, also the target buckets ``(M, N)`` (:mod:`falconet.data.targets`) of
+``cache=gpu``'s batches over a run of ``--epochs`` with the run's ``close_mosaic``: how many
+batches fall in each and the epoch (1-based) and batch where each first comes, which says
+what ``graph=whole-step`` will record and when (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from falconet.data.loader import DetectionDataset
 from falconet.data.plans import BatchPlan
 from falconet.data.resolve import load_dataset
 from falconet.data.sampler import EpochSampler
+from falconet.data.transforms import next_bucket
 from falconet.training.config import TrainConfig
 from falconet.training.loaders import augment_config
 
@@ -48,6 +54,23 @@ def epoch_stats(plans: list[BatchPlan]) -> dict[str, float]:
     }
 
 
+def bucket_counts(dataset: DetectionDataset, sampler: EpochSampler, batch: int, epochs: int):
+    """Each target bucket of the batches of ``epochs``: its batch count and where it first
+    comes (epoch from 1, batch from 1 in that epoch), smallest box count first."""
+    seen: dict[tuple[int, int], dict[str, int]] = {}
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        order = [index for _, index in sampler]
+        for i in range(0, len(order), batch):
+            counts = dataset.plan(epoch, order[i : i + batch]).counts
+            bucket = (next_bucket(int(counts.max())), next_bucket(int(counts.sum())))
+            entry = seen.setdefault(
+                bucket, {"batches": 0, "epoch": epoch + 1, "batch": i // batch + 1}
+            )
+            entry["batches"] += 1
+    return {f"{m},{n}": seen[(m, n)] for m, n in sorted(seen, key=lambda b: b[::-1])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="a dataset yaml (YOLO) or COCO JSON")
@@ -57,6 +80,11 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    parser.add_argument(
+        "--buckets",
+        action="store_true",
+        help="also the target buckets of cache=gpu's batches over the run (module docstring)",
+    )
     args = parser.parse_args()
 
     cfg = TrainConfig(data=args.data, imgsz=args.imgsz, seed=args.seed)
@@ -83,6 +111,22 @@ def main() -> None:
     for path, figures in summary.items():
         shown = ", ".join(f"{k} {v['mean']:.4g} ± {v['std']:.2g}" for k, v in figures.items())
         print(f"{path}: {shown}")
+    buckets = None
+    if args.buckets:  # as a run plans them: mosaic off for its last close_mosaic epochs
+        run = TrainConfig(data=args.data, imgsz=args.imgsz, seed=args.seed, epochs=args.epochs)
+        closing = DetectionDataset(
+            samples,
+            args.imgsz,
+            augment=augment_config(run),
+            seed=args.seed,
+            close_mosaic_from=run.epochs - run.close_mosaic if run.close_mosaic else None,
+        )
+        buckets = bucket_counts(closing, sampler, args.batch, args.epochs)
+        for bucket, where in buckets.items():
+            print(
+                f"bucket ({bucket}): batches {where['batches']}, "
+                f"first in epoch {where['epoch']} at batch {where['batch']}"
+            )
     if args.out:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         record = {
@@ -92,6 +136,7 @@ def main() -> None:
             "machine": platform.processor() or platform.machine(),
             "summary": summary,
             "per_epoch": per_epoch,
+            "buckets": buckets,
         }
         args.out.write_text(json.dumps(record, indent=1))
 
