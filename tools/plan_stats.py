@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from falconet.data.loader import DetectionDataset
+from falconet.data.loader import DetectionDataset, padded_targets
 from falconet.data.plans import BatchPlan
 from falconet.data.resolve import load_dataset
 from falconet.data.sampler import EpochSampler
-from falconet.data.transforms import next_bucket
+from falconet.data.targets import Targets
 from falconet.training.config import TrainConfig
 from falconet.training.loaders import augment_config
 
@@ -62,8 +62,12 @@ def bucket_counts(dataset: DetectionDataset, sampler: EpochSampler, batch: int, 
         sampler.set_epoch(epoch)
         order = [index for _, index in sampler]
         for i in range(0, len(order), batch):
-            counts = dataset.plan(epoch, order[i : i + batch]).counts
-            bucket = (next_bucket(int(counts.max())), next_bucket(int(counts.sum())))
+            plan = dataset.plan(epoch, order[i : i + batch])
+            # padded as cache=gpu's loader pads them (GpuLoader.host_part)
+            padded = padded_targets(
+                *(torch.from_numpy(a) for a in (plan.boxes, plan.labels, plan.counts))
+            )
+            bucket = Targets.from_batch(padded).bucket
             entry = seen.setdefault(
                 bucket, {"batches": 0, "epoch": epoch + 1, "batch": i // batch + 1}
             )
