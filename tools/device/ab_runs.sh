@@ -38,6 +38,9 @@
 #           startup_repeats runs of each (1); startup_profile=1 adds cProfile's profiles
 #           and startup_fill=1 the cache=gpu fill's parts, synchronized (both slow the
 #           points measured)
+#   firstuse  tools/bench_first_use.py: the GPU's first use in a fresh process, part by part
+#           (context, cuDNN's and cuBLAS's libraries, the start-up's copy), in firstuse_modes
+#           (serial,cold,beside,driver), firstuse_repeats processes each (3)
 #   profile falconet train ... profile=true profile_then_stop=true (falconet-profiler): 40
 #           batches of yolo-n on COCO128 with profile_keys (cache=gpu batch=16); the report in
 #           the log, profile.json as the result
@@ -135,6 +138,10 @@ job() {  # n name[@set] side: one job, in its side's tools/ with its side's pack
         --epochs 3 --batch 16 --repeats "${startup_repeats:-1}" \
         --timeout "${startup_timeout:-300}" ${startup_profile:+--profile} \
         ${startup_fill:+--fill-breakdown} --out "$out" ;;
+    firstuse)
+      timeout "${firstuse_timeout:-300}" python bench_first_use.py --data "$data/coco128.yaml" \
+        --modes "${firstuse_modes:-serial,cold,beside,driver}" \
+        --repeats "${firstuse_repeats:-3}" --out "$out" ;;
     profile)
       # shellcheck disable=SC2086  # profile_keys: several keys
       timeout "${profile_timeout:-200}" falconet train model=yolo-n data="$data/coco128.yaml" \
