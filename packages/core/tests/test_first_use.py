@@ -23,7 +23,6 @@ from falconet.training.first_use import (
     imports_ahead,
     libraries_ahead,
     load_libraries,
-    primary_context,
     run_beside_first_use,
 )
 
@@ -136,11 +135,6 @@ def test_a_failure_to_load_the_libraries_is_left_to_the_run(caplog, monkeypatch)
     assert "no kernel image is available" in caplog.text
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA's driver")
-def test_without_a_driver_no_primary_context_is_made_and_nothing_raises():
-    assert primary_context(0) is False
-
-
 @needs_cuda
 def test_the_libraries_load_on_a_thread_that_the_wait_joins_and_draw_nothing(caplog):
     caplog.set_level(logging.DEBUG, logger="falconet.train")
@@ -151,7 +145,6 @@ def test_the_libraries_load_on_a_thread_that_the_wait_joins_and_draw_nothing(cap
     wait()
     assert not any(t.name == "falconet-libraries" for t in threading.enumerate())
     assert torch.cuda.is_initialized() and not caplog.records
-    assert primary_context(device.index or 0)  # the driver's own context: torch's
     assert torch.equal(torch.random.get_rng_state(), drawn[0])
     assert torch.equal(torch.cuda.get_rng_state(device), drawn[1])
 

@@ -45,11 +45,10 @@ thread may do. Both threads are done before the loaders' workers fork (a child f
 another thread holds an import lock would wait on it for ever).
 
 Before all that, as soon as the run knows its device, :func:`libraries_ahead` makes the CUDA
-context (through the driver's API, the interpreter released: :func:`primary_context`) and
-loads cuDNN's and cuBLAS's libraries with one small convolution and matrix product, on a
-thread of its own, while the training thread reads the dataset and builds the network: work
-that waits in the driver and on the disk, about 0.6 s on an H200 that the copy would otherwise
-start with (``tools/bench_first_use.py``: docs/data.md, start-up).
+context and loads cuDNN's and cuBLAS's libraries on a thread of its own, with one small
+convolution and matrix product, while the training thread reads the dataset and builds the
+network: work that waits in the driver and on the disk, about 0.6 s on an H200 that the copy
+would otherwise start with (``tools/bench_first_use.py``: docs/data.md, start-up).
 
 The start-up's thread is a daemon: a run interrupted while it starts (Ctrl-C) raises at once
 on the training thread instead of waiting for the cache to fill.
@@ -59,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import importlib
 import logging
 import sys
@@ -120,12 +118,9 @@ def libraries_ahead(device: torch.device) -> Callable[[], None]:
 
 def load_libraries(device: torch.device) -> None:
     """One small fp16 convolution, forward and backward, and one matrix product on
-    ``device``, after its context (:func:`primary_context`): the libraries behind them
-    loaded. It draws no random numbers (the run's generators are seeded beside it) and keeps
-    nothing; a failure is left for the run's own first use, which raises it where it
-    matters."""
-    if device.type == "cuda":
-        primary_context(device.index or 0)
+    ``device``: its context made and the libraries behind them loaded. It draws no random
+    numbers (the run's generators are seeded beside it) and keeps nothing; a failure is left
+    for the run's own first use, which raises it where it matters."""
     try:
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             x = torch.ones(2, 8, 16, 16, device=device, requires_grad=True)
@@ -138,24 +133,6 @@ def load_libraries(device: torch.device) -> None:
                 torch.cuda.synchronize(device)
     except Exception as exc:  # raised again by the run's own first use
         log.debug("loading the device's libraries ahead failed: %s", exc)
-
-
-def primary_context(ordinal: int) -> bool:
-    """Start the CUDA driver and make device ``ordinal``'s primary context (the one torch's
-    runtime then uses) through libcuda's own API, whether it worked. Torch's initialisation
-    starts the driver while it holds the interpreter, so the training thread would wait for
-    it; ``ctypes`` releases the interpreter around each call. The context is retained for
-    the process's life, as the runtime retains it."""
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:  # no driver here, or not Linux: torch's initialisation reports it
-        return False
-    device, context = ctypes.c_int(), ctypes.c_void_p()
-    return (
-        driver.cuInit(0) == 0
-        and driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0
-        and driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0
-    )
 
 
 def imports_ahead(modules: Sequence[str]) -> threading.Thread:
