@@ -19,12 +19,7 @@ from torch import nn
 
 from falconet import ops
 from falconet.precision import BF16, FP16
-from falconet.training.first_use import (
-    imports_ahead,
-    libraries_ahead,
-    load_libraries,
-    run_beside_first_use,
-)
+from falconet.training.first_use import imports_ahead, run_beside_first_use
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="the first use it hides is a CUDA device's"
@@ -108,45 +103,6 @@ def test_imports_ahead_imports_on_a_thread_and_leaves_a_failure_to_the_run(tmp_p
     assert sys.modules["imported_ahead_for_the_test"].IMPORTED  # the failure stopped nothing
     with pytest.raises(ModuleNotFoundError):  # the run's own import raises it
         import no_such_module_for_the_test  # noqa: F401
-
-
-def test_off_cuda_no_libraries_are_loaded_ahead_and_there_is_nothing_to_wait_for():
-    before = set(threading.enumerate())
-    wait = libraries_ahead(torch.device("cpu"))
-    assert set(threading.enumerate()) == before
-    assert wait() is None
-
-
-def test_loading_the_libraries_draws_no_random_numbers(caplog):
-    caplog.set_level(logging.DEBUG, logger="falconet.train")
-    drawn = torch.random.get_rng_state()
-    load_libraries(torch.device("cpu"))  # the same operations as on CUDA, autocast off
-    assert torch.equal(torch.random.get_rng_state(), drawn)
-    assert not caplog.records  # it ran through: a failure is logged
-
-
-def test_a_failure_to_load_the_libraries_is_left_to_the_run(caplog, monkeypatch):
-    def fails(*args, **kwargs):
-        raise RuntimeError("no kernel image is available")
-
-    monkeypatch.setattr(nn.functional, "conv2d", fails)
-    caplog.set_level(logging.DEBUG, logger="falconet.train")
-    load_libraries(torch.device("cpu"))  # does not raise
-    assert "no kernel image is available" in caplog.text
-
-
-@needs_cuda
-def test_the_libraries_load_on_a_thread_that_the_wait_joins_and_draw_nothing(caplog):
-    caplog.set_level(logging.DEBUG, logger="falconet.train")
-    device = torch.device("cuda")
-    drawn = torch.random.get_rng_state(), torch.cuda.get_rng_state(device)
-    wait = libraries_ahead(device)
-    assert any(t.name == "falconet-libraries" for t in threading.enumerate())
-    wait()
-    assert not any(t.name == "falconet-libraries" for t in threading.enumerate())
-    assert torch.cuda.is_initialized() and not caplog.records
-    assert torch.equal(torch.random.get_rng_state(), drawn[0])
-    assert torch.equal(torch.cuda.get_rng_state(device), drawn[1])
 
 
 @needs_cuda

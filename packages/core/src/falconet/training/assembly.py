@@ -48,7 +48,7 @@ from falconet.training.distributed import (
     world_from_env,
 )
 from falconet.training.distributed import start as start_distributed
-from falconet.training.first_use import libraries_ahead, run_beside_first_use, synthetic_batch
+from falconet.training.first_use import run_beside_first_use, synthetic_batch
 from falconet.training.loaders import (
     build_loaders,
     fill_gpu_cache,
@@ -108,7 +108,6 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     device = rank_device(cfg.device, world)
     if fraction is not None:
         refuse_off_gpu(device, cfg.batch)
-    libraries_loaded = libraries_ahead(device)  # beside the dataset and the network
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     dataset = load_training_data(cfg)
@@ -119,8 +118,6 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     model = gpu_cache = None
     if batch is not None:  # autobatch's probes use the GPU first instead
         model = build_network(plan, len(dataset.names), precision, device)
-    libraries_loaded()  # before the copy is timed, the probes run or the workers fork
-    if model is not None:
         synthetic = (batch, cfg.imgsz, synthetic_boxes(cfg, dataset), len(dataset.names))
         loss_for = functools.partial(build_loss, plan, plugins)
         # the memory the store is checked against: the device's before the copy takes any

@@ -44,19 +44,12 @@ module, which only a module needing its importer at import time would notice. Ne
 thread may do. Both threads are done before the loaders' workers fork (a child forked while
 another thread holds an import lock would wait on it for ever).
 
-Before all that, as soon as the run knows its device, :func:`libraries_ahead` makes the CUDA
-context and loads cuDNN's and cuBLAS's libraries on a thread of its own, with one small
-convolution and matrix product, while the training thread reads the dataset and builds the
-network: work that waits in the driver and on the disk, about 0.6 s on an H200 that the copy
-would otherwise start with (``tools/bench_first_use.py``: docs/data.md, start-up).
-
 The start-up's thread is a daemon: a run interrupted while it starts (Ctrl-C) raises at once
 on the training thread instead of waiting for the cache to fill.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib
 import logging
@@ -100,39 +93,6 @@ def synthetic_batch(
     pixels = torch.Generator(device).manual_seed(0)
     images = torch.rand(batch, 3, size, size, generator=pixels, device=device)
     return images.contiguous(memory_format=torch.channels_last), targets
-
-
-def libraries_ahead(device: torch.device) -> Callable[[], None]:
-    """On CUDA, a daemon thread, started, that makes ``device``'s context and loads cuDNN's
-    and cuBLAS's libraries (:func:`load_libraries`); returns the wait for it, to call before
-    anything on the device is timed and before the loaders' workers fork. Elsewhere, nothing
-    to wait for."""
-    if device.type != "cuda":
-        return lambda: None
-    thread = threading.Thread(
-        target=load_libraries, args=(device,), name="falconet-libraries", daemon=True
-    )
-    thread.start()
-    return thread.join
-
-
-def load_libraries(device: torch.device) -> None:
-    """One small fp16 convolution, forward and backward, and one matrix product on
-    ``device``: its context made and the libraries behind them loaded. It draws no random
-    numbers (the run's generators are seeded beside it) and keeps nothing; a failure is left
-    for the run's own first use, which raises it where it matters."""
-    try:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            x = torch.ones(2, 8, 16, 16, device=device, requires_grad=True)
-            weight = torch.ones(8, 8, 3, 3, device=device, requires_grad=True)
-            with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
-                y = nn.functional.conv2d(x.contiguous(memory_format=torch.channels_last), weight)
-                z = weight.flatten(1) @ weight.flatten(1).T
-            (y.float().sum() + z.float().sum()).backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-    except Exception as exc:  # raised again by the run's own first use
-        log.debug("loading the device's libraries ahead failed: %s", exc)
 
 
 def imports_ahead(modules: Sequence[str]) -> threading.Thread:
