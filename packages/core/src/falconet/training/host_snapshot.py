@@ -22,8 +22,8 @@ same memory) is copied once: tensors are the same when their memory and layout a
 
 The buffers are reused, so a snapshot is valid until the next :meth:`PinnedSnapshot.take`: the
 :class:`~falconet.training.checkpoint.CheckpointWriter` keeps two, and takes the next copy into
-one whose files are written. Host tensors (the RNG states; every tensor of a run on the CPU) are cloned,
-once each.
+one whose files are written. Host tensors (the RNG states; every tensor of a run on the CPU)
+are cloned, once each.
 """
 
 from __future__ import annotations
