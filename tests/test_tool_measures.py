@@ -1,6 +1,6 @@
 """Tools that report where time goes, on what they record: bench_startup.py's first imports
-and its workers' memory, collector_log.py's garbage collections and fp8_crossover.py's shapes
-and table (their GPU runs are in docs/bench-results/)."""
+and its workers' memory, bench_first_use.py's medians, collector_log.py's garbage collections
+and fp8_crossover.py's shapes and table (their GPU runs are in docs/bench-results/)."""
 
 from __future__ import annotations
 
@@ -125,3 +125,28 @@ def test_the_crossover_table_has_a_cell_per_rows_and_a_dash_where_none_ran(fp8_c
     lines = fp8_crossover.table(results, "current", [4096, 16384]).splitlines()
     assert lines[1] == "| in -> out | 4,096 rows | 16,384 rows |"
     assert lines[3] == "| 256 -> 256 | 0.83 | - |"
+
+
+def test_the_first_use_medians_are_per_mode_over_the_processes_that_ran(load_tool):
+    bench_first_use = load_tool("bench_first_use")
+
+    def run(mode, copy, import_torch, end):
+        seconds = {"copy": copy, "import_torch": import_torch}
+        return {"mode": mode, "seconds": seconds, "ends": {"import_torch": 2.0, "copy": end}}
+
+    runs = [
+        run("serial", 1.2, 1.8, 4.0),
+        {"mode": "serial", "error": "Traceback ..."},
+        run("serial", 1.4, 1.6, 4.6),
+        run("serial", 1.3, 2.0, 4.2),
+        run("cold", 1.7, 1.9, 4.5),
+        {"mode": "driver", "error": "Traceback ..."},
+    ]
+    got = bench_first_use.medians(runs, ["serial", "cold", "driver"])
+    assert got["serial"] == pytest.approx(
+        {"copy": 1.3, "import_torch": 1.8, "copy_end": 4.2, "after_torch": 2.2}
+    )
+    assert got["cold"] == pytest.approx(
+        {"copy": 1.7, "import_torch": 1.9, "copy_end": 4.5, "after_torch": 2.5}
+    )
+    assert got["driver"] == {}  # none of its processes ran through

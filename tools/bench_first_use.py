@@ -167,6 +167,29 @@ def child(args) -> dict:
     }
 
 
+def medians(runs: list[dict], modes: list[str]) -> dict[str, dict[str, float]]:
+    """Per mode, over its processes that ran through: each part's median seconds,
+    ``copy_end`` (the copy's end from the spawn) and ``after_torch`` (from torch's import to
+    the copy's end: what the order of the parts changes, without the import's own spread).
+    A mode none of whose processes ran through has none."""
+    summary = {}
+    for mode in modes:
+        ok = [r for r in runs if r["mode"] == mode and "error" not in r]
+        if not ok:
+            summary[mode] = {}
+            continue
+        keys = sorted({k for r in ok for k in r["seconds"] if k != "driver_error"})
+        summary[mode] = {
+            k: statistics.median(r["seconds"][k] for r in ok if k in r["seconds"]) for k in keys
+        } | {
+            "copy_end": statistics.median(r["ends"]["copy"] for r in ok),
+            "after_torch": statistics.median(
+                r["ends"]["copy"] - r["ends"]["import_torch"] for r in ok
+            ),
+        }
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(HERE.parent / ".data/coco128/coco128.yaml"))
@@ -207,16 +230,8 @@ def main() -> None:
                 continue
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[-1]))
-    summary = {}
+    summary = medians(runs, modes)
     for mode in modes:
-        ok = [r for r in runs if r["mode"] == mode and "error" not in r]
-        keys = sorted({k for r in ok for k in r["seconds"] if k != "driver_error"})
-        summary[mode] = (
-            {k: statistics.median(r["seconds"][k] for r in ok if k in r["seconds"]) for k in keys}
-            | {"copy_end": statistics.median(r["ends"]["copy"] for r in ok)}
-            if ok
-            else {}
-        )
         print(mode, json.dumps(summary[mode]))
     import torch
 
