@@ -72,6 +72,8 @@ def _driver_context(ordinal: int, seconds: dict) -> threading.Thread:
 
 
 def child(args) -> dict:
+    """One process's first use in the order of ``args.child``: each part's seconds, and the
+    ends of the slow ones in seconds from the spawn."""
     seconds: dict = {}
     ends: dict = {"python": time.time() - args.spawned}
     early = _driver_context(0, seconds) if args.child == "driver" else None
