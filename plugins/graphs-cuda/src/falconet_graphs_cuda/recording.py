@@ -298,12 +298,20 @@ class CudaStepRecorder:
 
 @contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
-    """``torch.cuda.graph``'s capture (into ``pool``, on ``stream``, thread-local error mode)
-    without what it does first: a device synchronisation and the emptying of torch's caches,
-    which hands every unused cached block back to the driver (and in newer torch the pinned
-    host blocks too) to give the graph room. In a training run the steps after a capture
-    allocate those blocks again, and the recorder's side stream already waits for the work
-    queued before it (a capture runs nothing itself)."""
+    """``torch.cuda.graph``'s capture (into ``pool``, on ``stream``, thread-local error mode),
+    after emptying torch's memory cache as it does, without its device synchronisation (the
+    recorder's side stream already waits for the work queued before it, and a capture runs
+    nothing itself) nor its emptying of the pinned host cache (the CPU loader's, which it
+    would pin again).
+
+    The cache is emptied because what it holds then is the eager passes' memory: the blocks of
+    the batches trained before the step was recorded and of the warm-up passes, one set per
+    stream they ran on. The graphs never use those blocks (a recording allocates from its own
+    pool), and once the step replays an eager pass is rare (a batch whose target bucket is not
+    recorded yet): kept, they would stand reserved beside the pool for the rest of the run
+    (docs/performance.md, the recordings' memory). Emptying waits for the blocks' last uses on
+    the device to end."""
+    torch.cuda.empty_cache()
     with torch.cuda.stream(stream):
         graph.capture_begin(pool, capture_error_mode="thread_local")
         try:
