@@ -8,9 +8,10 @@ Each arm is one run of yolo-n in a fresh process (``--worker``) on COCO128 repea
 ``--repeat-data`` times (val is the original 128, validated every epoch): the probe's log line
 (chosen batch, what it measured, its seconds), the run's own peak of reserved memory after
 the probe (the peak statistics are reset when training starts, so the probe's own peak is not
-counted), the budget the probe worked to, and whether the run ended without running out of
-memory. ``peak_within_budget`` is the check: the run's peak is at most the budget. Raw results
-go to ``--out``.
+counted) and what it still reserves at each epoch's end, the budget the probe worked to, and
+whether the run ended without running out of memory. ``peak_within_budget`` is the check: the
+run's peak is at most the budget. An arm with a fixed batch (``batch=64``) measures the run's
+memory alone. Raw results go to ``--out``.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ LINE = re.compile(
 
 
 class Watch:
-    """Resets the peak memory statistics when training starts; the run's peak at the end."""
+    """Resets the peak memory statistics when training starts; the run's peak so far and its
+    reserved memory at each epoch's end."""
 
     def __init__(self) -> None:
         self.peaks: list[float] = []
+        self.held: list[float] = []  # reserved at each epoch's end: what the run keeps
 
     def on_train_start(self, run) -> None:
         import torch
@@ -49,6 +52,7 @@ class Watch:
         import torch
 
         self.peaks.append(torch.cuda.max_memory_reserved(run.device) / 2**30)
+        self.held.append(torch.cuda.memory_reserved(run.device) / 2**30)
 
 
 def worker(args) -> None:
@@ -90,6 +94,7 @@ def worker(args) -> None:
         out["ended"] = "ok"
         out["run_peak_gib"] = round(max(watch.peaks), 2)
         out["epoch_peaks_gib"] = [round(p, 2) for p in watch.peaks]
+        out["epoch_end_reserved_gib"] = [round(p, 2) for p in watch.held]
     except torch.OutOfMemoryError as error:
         out["ended"] = f"out of memory: {str(error).splitlines()[0]}"
     out["wall_s"] = round(time.perf_counter() - start, 2)
