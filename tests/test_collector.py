@@ -154,3 +154,35 @@ def test_both_put_the_collector_back_when_the_block_raises():
         assert gc.get_freeze_count() > 0
         raise RuntimeError("inside")
     assert gc.get_freeze_count() == 0
+
+
+LOAD_PLUGINS = """
+import gc, json, sys
+
+started = []
+gc.callbacks.append(lambda phase, info: phase == "start" and started.append(info["generation"]))
+from falconet.cli import load_plugins
+
+assert "torch" not in sys.modules
+started.clear()  # falconet.cli's own imports (click, pydantic) come before the command's work
+plugins = load_plugins()
+print(json.dumps({
+    "torch": "torch" in sys.modules,
+    "commands": sorted(e.name for e in plugins.commands.entries()),
+    "collections": started,
+    "on": gc.isenabled(),
+}))
+"""
+
+
+def test_the_command_loads_its_plugins_and_torch_with_no_collection(tmp_path):
+    # a fresh interpreter: torch's import is part of what the command's start pays
+    script = tmp_path / "load_plugins.py"
+    script.write_text(LOAD_PLUGINS)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["torch"] and "train" in seen["commands"]
+    assert seen["collections"] == [] and seen["on"]

@@ -6,13 +6,14 @@ batches (kernel loading, cuDNN's autotuning, graph recordings) and the process's
 count. Each measurement runs one training in a fresh process, as ``falconet train`` does
 (``plan_run`` then ``Trainer.fit``), and records on the wall clock (seconds from the spawn):
 
-* ``python``: the child's first statement (interpreter start); ``imports``: torch, falconet
-  and its plugins imported; ``plan``: the run planned (keys, data yaml, model recipe);
-  ``trainer``: the trainer built (data checks, RAM cache, model on the device, loaders, graph
-  backend); ``first_batch`` and ``epoch1``: the ends of epoch 1's first batch and of epoch 1;
-  ``fit``: ``fit`` returned (every epoch done and the checkpoints on disk); ``exit``: the
-  process gone (the parent's clock), after the child returned as ``falconet train`` does,
-  leaving the trainer to the interpreter's exit;
+* ``python``: the child's first statement (interpreter start); ``imports``: falconet and its plugins
+  loaded as the ``falconet`` command loads them (``falconet.cli.load_plugins``: torch's import among
+  them, the garbage collector paused), the trainer's modules imported; ``plan``: the run planned
+  (keys, data yaml, model recipe); ``trainer``: the trainer built (data checks, RAM cache, model on
+  the device, loaders, graph backend); ``first_batch`` and ``epoch1``: the ends of epoch 1's first
+  batch and of epoch 1; ``fit``: ``fit`` returned (every epoch done and the checkpoints on disk);
+  ``exit``: the process gone (the parent's clock), after the child returned as ``falconet train``
+  does, leaving the trainer to the interpreter's exit;
 * ``epoch_s``: each epoch's wall time; ``first_batches_phases_s``: for each of the first
   ``--phase-batches`` batches (enough to reach the first optimizer step under ``accumulate``)
   its phases (``data``, ``to-device``, ..., ``step``), each closed by a device synchronize, so
@@ -351,13 +352,14 @@ def child(args) -> None:
     collections = CollectorLog(origin, clock=time.time).start()  # before torch's import
     imports = _FirstImports(origin)
     sys.meta_path.insert(0, imports)
+    from falconet.cli import load_plugins  # as the falconet command loads them
+
+    plugins = load_plugins()
     import torch
 
-    from falconet.plugins import get_plugins
     from falconet.training.planning import plan_run
     from falconet.training.trainer import Trainer
 
-    plugins = get_plugins()
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else lambda: None
     timeline = _Timeline(origin, sync, args.phase_batches, args.profile)

@@ -11,7 +11,8 @@ one holds the training thread while the GPU drains its queue (docs/performance.m
 garbage collector"; what each costs, measured: the lab log).
 
 * :func:`paused`: the collector off while the run is assembled (the imports made ahead, the
-  dataset's check, the network, the GPU cache): what that makes lives as long as the run. It
+  dataset's check, the network, the GPU cache), and in the ``falconet`` command while it loads
+  the plugins (torch's import among them): what that makes lives as long as the run. It
   is switched back on after, with what was made meanwhile moved to the oldest generation
   (:func:`gc.freeze` then :func:`gc.unfreeze`, which is what the latter does with frozen
   objects), so that the next young collection does not walk all of it at once.
