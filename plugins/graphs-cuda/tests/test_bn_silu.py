@@ -58,11 +58,17 @@ assert out.item() == 3, out
 """
 
 
-def _interpreter_runs_a_runtime_bound(env: dict[str, str]) -> bool:
+def _runtime_bound_error(env: dict[str, str]) -> str | None:
+    """The last line of the probe's error in the interpreter, None where it ran."""
     run = subprocess.run(
-        [sys.executable, "-c", _RUNTIME_BOUND_PROBE], env=env, capture_output=True, timeout=300
+        [sys.executable, "-c", _RUNTIME_BOUND_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    return run.returncode == 0
+    lines = run.stderr.strip().splitlines() or ["no output"]
+    return None if run.returncode == 0 else lines[-1]
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the child run")
@@ -70,14 +76,15 @@ def test_kernels_in_the_triton_interpreter():
     """This file's kernel tests, in a pytest started with the interpreter on; skipped where
     this Triton's interpreter cannot run a loop bounded by an argument at all."""
     env = os.environ | {"TRITON_INTERPRET": "1"}
-    if not _interpreter_runs_a_runtime_bound(env):
+    error = _runtime_bound_error(env)
+    if error is not None:
         import numpy
         import triton
 
         pytest.skip(
             f"Triton {triton.__version__}'s interpreter with NumPy {numpy.__version__} fails "
-            "a loop bounded by a kernel argument (a Triton with an interpreter that squeezes "
-            "the bound, e.g. 3.9, runs these tests)"
+            f"a loop bounded by a kernel argument ({error}); a Triton whose interpreter squeezes "
+            "the bound, e.g. 3.9, runs these tests"
         )
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
