@@ -208,7 +208,7 @@ class _FillBreakdown:
         from falconet.training import loaders
 
         self.calls["fill_store"] = timed_calls(loaders, "fill_store", self.synchronize)
-        self.calls["place"] = timed_calls(gpu_cache, "_place", self.synchronize)
+        self.calls["place"] = timed_calls(gpu_cache, "place", self.synchronize)
         decode_all = gpu_cache._decode_jpegs_on_gpu
 
         def decode_jpegs(*args, **kwargs):

@@ -26,44 +26,12 @@ from falconet.data.records import DataError, Sample
 from falconet.data.targets import TARGET_KEYS, Targets
 from falconet.data.transforms import AugmentConfig
 from falconet_testing.devices import cpu_and_cuda
-
-SIZE = 192
+from falconet_testing.photos import SIZE, photos, ram_store
 
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FALCONET_CACHE_DIR", str(tmp_path / "cache"))
-
-
-def photos(folder: Path, count: int = 10, seed: int = 0) -> list[Sample]:
-    """JPEGs of smooth colour fields with a few bright boxes: photo-like pixels (edges and
-    gradients), known boxes."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    samples = []
-    for i in range(count):
-        w, h = int(rng.integers(150, 260)), int(rng.integers(120, 260))
-        field = rng.integers(0, 255, (h // 16 + 2, w // 16 + 2, 3)).astype(np.uint8)
-        pixels = cv2.resize(field, (w, h), interpolation=cv2.INTER_CUBIC)
-        boxes = []
-        for _ in range(int(rng.integers(1, 5))):
-            bw, bh = rng.integers(20, 70, 2)
-            x0, y0 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
-            pixels[y0 : y0 + bh, x0 : x0 + bw] = rng.integers(0, 255, 3)
-            boxes.append([x0 / w, y0 / h, (x0 + bw) / w, (y0 + bh) / h])
-        path = folder / f"{i}.jpg"
-        cv2.imwrite(str(path), cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR))
-        labels = rng.integers(0, 3, len(boxes)).astype(np.int64)
-        samples.append(Sample(path, i, w, h, np.asarray(boxes, np.float32), labels))
-    return samples
-
-
-def ram_store(dataset: DetectionDataset, size: int = SIZE) -> ImageStore:
-    """A store holding exactly the CPU cache's images (what both paths then augment)."""
-    pixels = torch.zeros(len(dataset), size, size, 3, dtype=torch.uint8)
-    for i, image in enumerate(dataset._ram):
-        pixels[i, : image.shape[0], : image.shape[1]] = torch.from_numpy(image)
-    return ImageStore(pixels, [image.shape[:2] for image in dataset._ram])
 
 
 @pytest.mark.parametrize(("mosaic", "shear"), [(1.0, 0.0), (0.5, 0.0), (0.0, 0.0), (0.5, 8.0)])
@@ -380,7 +348,7 @@ store = ram_store(dataset, size)
 loader = GpuLoader(dataset, store, 3, seed=2)
 diffs = []
 for keys in loader.batch_sampler:
-    plan, _ = loader.host_part(keys)
+    plan, _, _ = loader.host_part(keys)
     fused = gpu_render.render_fused(
         store.pixels, plan.tiles, plan.inverse, plan.tables, size, PAD_VALUE
     )
@@ -431,7 +399,7 @@ def test_the_kernel_compiled_ahead_renders_what_the_torch_reference_renders(tmp_
         gpu_render._wait_for_compilation()
     assert "did not compile" not in caplog.text  # the warm-up's arguments are the kernel's
     loader = GpuLoader(dataset, filled.store, 3, seed=2)
-    plan, _ = loader.host_part(next(iter(loader.batch_sampler)))
+    plan, _, _ = loader.host_part(next(iter(loader.batch_sampler)))
     plan = plan.to(device)
     fused = gpu_render.render_fused(
         filled.store.pixels, plan.tiles, plan.inverse, plan.tables, size, PAD_VALUE
@@ -460,8 +428,9 @@ def test_cache_auto_takes_the_gpu_where_the_images_fit_in_half_its_free_memory(
     tmp_path, monkeypatch, caplog
 ):
     """The choice itself (the GPU path is tested above and on the GPU machine): ``gpu`` on a
-    CUDA device with room for the store, ``none`` without room or off CUDA, and any named
-    cache as it is. The free memory is the device's answer, given here."""
+    CUDA device with room for the store, ``none`` without room and without a GPU decoder or
+    off CUDA, and any named cache as it is. The free memory is the device's answer, given
+    here."""
     from falconet.data.resolve import load_dataset
     from falconet.data.shapes import write_shapes
     from falconet.training.config import TrainConfig
@@ -476,8 +445,10 @@ def test_cache_auto_takes_the_gpu_where_the_images_fit_in_half_its_free_memory(
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free["bytes"], 10 * need))
     with caplog.at_level("INFO", logger="falconet.train"):
         assert resolve_cache(cfg, dataset, cuda) == "gpu"
-    assert "cache=auto: gpu (24 images at 64 px" in caplog.text
-    free["bytes"] = 2 * need - 1
+    assert "cache=auto: gpu (the decoded images fit in GPU memory; 24 images" in caplog.text
+    free["bytes"] = 2 * need - 1  # then a tier that decodes on the GPU (test_gpu_decode.py)
+    assert resolve_cache(cfg, dataset, cuda) in ("encoded", "stream", "none")
+    without_torchvision(monkeypatch)
     assert resolve_cache(cfg, dataset, cuda) == "none"
     assert resolve_cache(cfg, dataset, torch.device("cpu")) == "none"
     assert resolve_cache(cfg.model_copy(update={"cache": "ram"}), dataset, cuda) == "ram"

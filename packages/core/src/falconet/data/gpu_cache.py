@@ -151,7 +151,7 @@ def fill_store(
             if image is None:
                 left_out.append(str(samples[i].image))
                 continue
-            _place(pixels, i, torch.from_numpy(image).to(device).permute(2, 0, 1), shapes[i])
+            place(pixels, i, torch.from_numpy(image).to(device).permute(2, 0, 1), shapes[i])
             decoded[i] = True
             on_cpu += 1
     kept = [i for i, done in enumerate(decoded) if done]
@@ -235,7 +235,7 @@ def _decode_jpegs_on_gpu(
             for i, image in zip(chunk, images, strict=True):
                 if image is None or tuple(image.shape[1:]) != (samples[i].height, samples[i].width):
                     continue  # refused, or not as the check saw it: the CPU decoder's
-                _place(pixels, i, image, shapes[i])
+                place(pixels, i, image, shapes[i])
                 decoded[i] = True
                 count += 1
     return count
@@ -264,7 +264,7 @@ def _one_jpeg(
         return None
 
 
-def _place(pixels: torch.Tensor, index: int, image: torch.Tensor, shape: tuple[int, int]) -> None:
+def place(pixels: torch.Tensor, index: int, image: torch.Tensor, shape: tuple[int, int]) -> None:
     """``image [3, H, W]`` uint8 resized to ``shape`` into slot ``index`` (top left)."""
     h, w = shape
     if tuple(image.shape[1:]) != (h, w):

@@ -16,10 +16,17 @@ shares of a distributed run, and mid-epoch resume), with the images already on t
 
 The boxes stay a host computation on purpose: a batch's padded target shapes (its bucket) are
 read on the host anyway, to pick a recording, and the numbers are then the CPU path's exactly.
+
+The images come from the decoded store of ``cache=gpu`` (an :class:`ImageStore`) or, for
+``cache=encoded`` and ``cache=stream``, from a :class:`~falconet.data.gpu_decode.DecodedRing`:
+then the host thread also draws the mosaic partners from the ring's pool and starts reading the
+files the batch needs, and the loop's thread decodes them into the ring (nvJPEG, on the
+loader's stream) just before it renders the batch.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +36,11 @@ from typing import Any
 import torch
 
 from falconet.data.gpu_augment import ImageStore, PlanTensors, pinned, render
+from falconet.data.gpu_decode import DecodedRing, Fetched
 from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
 from falconet.data.sampler import EpochBatchSampler, EpochSampler
+
+log = logging.getLogger("falconet.data")
 
 PLANS_AHEAD = 3  # batches whose plans the host thread has drawn or is drawing
 
@@ -43,28 +53,45 @@ class GpuLoader:
     gpu_shard``) and draws with a seed of its own, so the loader itself is never sharded."""
 
     def __init__(
-        self, dataset: DetectionDataset, store: ImageStore, batch: int, *, seed: int = 0
+        self,
+        dataset: DetectionDataset,
+        images: ImageStore | DecodedRing,
+        batch: int,
+        *,
+        seed: int = 0,
     ) -> None:
         if dataset.augment is None:
             raise ValueError("GpuLoader trains: its dataset needs an augmentation")
-        if len(store.shapes) != len(dataset):
-            raise ValueError(
-                f"the store holds {len(store.shapes)} images, the dataset {len(dataset)}"
-            )
+        ring = images if isinstance(images, DecodedRing) else None
+        count = len(ring.samples) if ring is not None else len(images.shapes)
+        if count != len(dataset):
+            raise ValueError(f"the store holds {count} images, the dataset {len(dataset)}")
         self.dataset = dataset
-        self.store = store
-        self.device = store.pixels.device
+        self.ring = ring
+        self.store = images.store if ring is not None else images
+        if ring is not None:
+            ring.dataset = dataset  # an image lost is drawn grey, its boxes left out
+        self.device = self.store.pixels.device
         sampler = EpochSampler(len(dataset), shuffle=True, seed=seed)
         self.batch_sampler = EpochBatchSampler(sampler, batch)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
-    def host_part(self, keys: list[tuple[int, int]]) -> tuple[PlanTensors, dict[str, Any]]:
+    def host_part(
+        self, keys: list[tuple[int, int]]
+    ) -> tuple[PlanTensors, dict[str, Any], Fetched | None]:
         """The plan and the padded targets of one batch of ``(epoch, index)`` keys, on the
-        host (pinned when the store is on a GPU)."""
+        host (pinned when the store is on a GPU), and with a ring the files it decodes."""
         indices = [index for _, index in keys]
-        plan = self.dataset.plan(keys[0][0], indices)  # a batch never mixes epochs
+        epoch = keys[0][0]  # a batch never mixes epochs
+        fetched = None
+        if self.ring is None:
+            plan = self.dataset.plan(epoch, indices)
+        else:  # a batch is a run of the epoch's order, so its first key gives its position
+            order, where = self.ring.order(epoch, self.batch_sampler.sampler.share)
+            pool = self.ring.pool(order, int(where[indices[0]]), len(indices))
+            plan, fetched = self.ring.prepare(epoch, where, self.dataset.plan(epoch, indices, pool))
         targets = {
             **padded_targets(
                 torch.from_numpy(plan.boxes),
@@ -80,12 +107,16 @@ class GpuLoader:
         pin = self.device.type == "cuda"
         if pin:
             targets = {k: pinned(v) for k, v in targets.items()}
-        return PlanTensors.from_plan(plan, pin=pin), targets
+        return PlanTensors.from_plan(plan, pin=pin), targets, fetched
 
-    def device_part(self, plan: PlanTensors, targets: dict[str, Any]) -> dict[str, Any]:
-        """The batch with its images rendered on the device (on the current stream)."""
+    def device_part(
+        self, plan: PlanTensors, targets: dict[str, Any], fetched: Fetched | None = None
+    ) -> dict[str, Any]:
+        """The batch with its images rendered on the device (on the current stream), after
+        its files are decoded into the ring where it has one."""
+        store = self.store if fetched is None else self.ring.decode(fetched)
         plan = plan.to(self.device)
-        return {"images": render(self.store, plan, self.dataset.imgsz), **targets}
+        return {"images": render(store, plan, self.dataset.imgsz), **targets}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         keys = iter(self.batch_sampler)
@@ -100,20 +131,22 @@ class GpuLoader:
             planned = deque(pool.submit(self.host_part, k) for k in islice(keys, PLANS_AHEAD))
             rendered: tuple[dict[str, Any], torch.cuda.Event | None] | None = None
             while planned:
-                plan, targets = planned.popleft().result()
+                host = planned.popleft().result()
                 following = next(keys, None)
                 if following is not None:
                     planned.append(pool.submit(self.host_part, following))
                 if side is None:
-                    batch, done = self.device_part(plan, targets), None
+                    batch, done = self.device_part(*host), None
                 else:
                     with torch.cuda.stream(side):
-                        batch, done = self.device_part(plan, targets), side.record_event()
+                        batch, done = self.device_part(*host), side.record_event()
                 if rendered is not None:
                     yield handed_over(*rendered)
                 rendered = batch, done
             if rendered is not None:
                 yield handed_over(*rendered)
+        if self.ring is not None and self.ring.refused:
+            log.info("data: %d file(s) nvJPEG refused were decoded on the CPU", self.ring.refused)
 
 
 def handed_over(batch: dict[str, Any], rendered: torch.cuda.Event | None) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class DetectionDataset(torch.utils.data.Dataset):
         try:
             return self._decoded(index)
         except (OSError, ValueError) as exc:
-            return self._grey_for_lost(index, exc)
+            return self.grey_for_lost(index, exc)
 
     def _source(self, index: int) -> np.ndarray:
         """Image ``index`` decoded from its file and resized to long side ``imgsz``."""
@@ -132,14 +132,14 @@ class DetectionDataset(torch.utils.data.Dataset):
                 disk = self._disk is not None
                 image = np.load(self._disk_path(index)) if disk else self._source(index)
             except (OSError, ValueError) as exc:
-                image = self._grey_for_lost(index, exc)
+                image = self.grey_for_lost(index, exc)
         h, w = image.shape[:2]
         boxes = self.samples[index].boxes * np.array([w, h, w, h], np.float32)
         if index in self._lost:
             boxes = boxes[:0]
         return image, boxes
 
-    def _grey_for_lost(self, index: int, error: Exception) -> np.ndarray:
+    def grey_for_lost(self, index: int, error: Exception) -> np.ndarray:
         """A grey image of the size the dataset check measured, for an image whose file no
         longer decodes (deleted, truncated or replaced while training): the run goes on with
         it empty, its boxes left out of the plans from now on, and says so once per file in
@@ -163,8 +163,9 @@ class DetectionDataset(torch.utils.data.Dataset):
             return self._ram[index].shape[:2]
         return resized_shape(self.samples[index], self.imgsz)
 
-    def plan(self, epoch: int, indices: Sequence[int]) -> BatchPlan:
-        """The augmentation of samples ``indices`` in ``epoch`` (:mod:`falconet.data.plans`)."""
+    def plan(self, epoch: int, indices: Sequence[int], pool: np.ndarray | None = None) -> BatchPlan:
+        """The augmentation of samples ``indices`` in ``epoch`` (:mod:`falconet.data.plans`;
+        ``pool``: where mosaic partners come from, as there)."""
         if self._planner is None:
             self._planner = Planner(
                 self.samples, size=self.imgsz, cfg=self.augment, seed=self.seed, shape=self.shape
@@ -172,7 +173,7 @@ class DetectionDataset(torch.utils.data.Dataset):
             for index in self._lost:
                 self._planner.drop_boxes(index)
         mosaic_on = self.close_mosaic_from is None or epoch < self.close_mosaic_from
-        return self._planner.plan(epoch, indices, mosaic_on=mosaic_on)
+        return self._planner.plan(epoch, indices, mosaic_on=mosaic_on, pool=pool)
 
     def render(self, plan: AugmentPlan, loaded: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """The plan's output image on the CPU (OpenCV): the canvas warped, then HSV

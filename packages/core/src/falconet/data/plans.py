@@ -148,8 +148,18 @@ class Planner:
         grey); every draw stays as it was, so a plan made again differs only in its boxes."""
         self.box_counts[image] = 0
 
-    def plan(self, epoch: int, indices: Sequence[int], *, mosaic_on: bool = True) -> BatchPlan:
-        """The augmentation of samples ``indices`` in ``epoch``."""
+    def plan(
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        *,
+        mosaic_on: bool = True,
+        pool: np.ndarray | None = None,
+    ) -> BatchPlan:
+        """The augmentation of samples ``indices`` in ``epoch``. A mosaic's partners are drawn
+        from the whole dataset, or from ``pool`` (dataset indices) where it is given: the images
+        a decoding loader holds decoded (:mod:`falconet.data.gpu_decode`). The draws are the
+        same numbers either way; only what a partner draw picks from differs."""
         cfg, size = self.cfg, self.size
         index = np.asarray(indices, np.int64)
         batch = len(index)
@@ -157,7 +167,10 @@ class Planner:
         mosaic = rng.random(batch) < cfg.mosaic
         if not (mosaic_on and cfg.mosaic > 0):
             mosaic[:] = False
-        partners = rng.integers(0, len(self.shapes), (batch, TILES - 1))
+        if pool is None:
+            partners = rng.integers(0, len(self.shapes), (batch, TILES - 1))
+        else:
+            partners = np.asarray(pool, np.int64)[rng.integers(0, len(pool), (batch, TILES - 1))]
         centres = rng.uniform(size * 0.5, size * 1.5, (batch, 2)).astype(np.int64)
         flip = rng.random(batch) < cfg.fliplr
         angle = rng.uniform(-cfg.degrees, cfg.degrees, batch)

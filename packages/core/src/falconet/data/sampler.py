@@ -37,8 +37,12 @@ class EpochSampler(torch.utils.data.Sampler):
         self.epoch, self.start = epoch, start
 
     def _share(self) -> list[int]:
+        return self.share(self.epoch)
+
+    def share(self, epoch: int) -> list[int]:
+        """This rank's whole share of ``epoch``, in order (``start`` not skipped)."""
         if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             order = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))

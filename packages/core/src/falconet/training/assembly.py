@@ -22,6 +22,7 @@ from falconet import ops
 from falconet.data.gpu_cache import Filled
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
+from falconet.data.tiers import GPU_TIERS
 from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
 from falconet.loss_scaler import LossScaler
 from falconet.plugins import Plugins
@@ -50,6 +51,7 @@ from falconet.training.distributed import (
 from falconet.training.distributed import start as start_distributed
 from falconet.training.first_use import run_beside_first_use, synthetic_batch
 from falconet.training.loaders import (
+    Encoded,
     build_loaders,
     fill_gpu_cache,
     resolve_cache,
@@ -123,15 +125,15 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         # the memory the store is checked against: the device's before the copy takes any
         memory = torch.cuda.mem_get_info(device) if device.type == "cuda" else None
 
-        def start_up() -> Filled | None:
-            if cfg.cache != "gpu":
+        def start_up() -> Filled | Encoded | None:
+            if cfg.cache not in GPU_TIERS:
                 return None
             return fill_gpu_cache(cfg, dataset, device, world, memory)
 
         gpu_cache = run_beside_first_use(
             start_up, model, loss_for, precision, synthetic, device, IMPORTED_ANYWAY
         )
-    if cfg.cache == "gpu" and gpu_cache is None:
+    if cfg.cache in GPU_TIERS and gpu_cache is None:
         gpu_cache = fill_gpu_cache(cfg, dataset, device, world)
     if model is None:  # after the GPU cache, whose memory the step cannot have
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)

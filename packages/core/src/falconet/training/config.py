@@ -68,11 +68,14 @@ class TrainConfig(BaseModel):
         description="distributed runs: seconds a collective waits for the other ranks before "
         "the job fails (a dead rank ends the job instead of hanging it)",
     )
-    cache: Literal["auto", "none", "ram", "disk", "gpu"] = Field(
+    cache: Literal["auto", "none", "ram", "disk", "gpu", "encoded", "stream"] = Field(
         "auto",
-        description="decoded-image cache: none, ram, disk (in the cache folder), gpu (in GPU "
-        "memory, augmented on the GPU), or auto (gpu where the images fit in half the GPU's "
-        "free memory, else none)",
+        description="where the training images live: gpu (decoded in GPU memory), encoded "
+        "(the files' bytes in host memory, decoded per batch on the GPU), stream (read per "
+        "batch, decoded on the GPU), all three augmented on the GPU; ram, disk (decoded, in "
+        "the cache folder) or none (read per batch), all three for the CPU workers; auto "
+        "(the first of gpu, encoded, stream that fits, logged with the numbers; none off "
+        "CUDA)",
     )
     fraction: float = Field(
         1.0, gt=0, le=1, description="train on this leading fraction of the train split"

@@ -1,0 +1,243 @@
+"""``cache=encoded`` and ``cache=stream``: each batch's images decoded on the GPU from their
+files' bytes (:mod:`falconet.data.encoded_store`) into a ring of decoded slots, which the
+batch render reads as it reads the decoded store of ``cache=gpu``.
+
+**The ring.** ``slots`` images decoded at long side ``imgsz`` in ``imgsz x imgsz x 3`` slots
+(:data:`MOSAIC_POOL` of them: 1.2 GiB at 640 px). The image at position ``p`` of an epoch's
+order is decoded into slot ``p mod slots`` when its batch comes, so every image is decoded once
+an epoch, not four times (a mosaic shows four images). A mosaic's three partners are drawn from
+the images the ring holds: the ``slots`` positions of the epoch's order up to the batch's last,
+as Ultralytics draws them from its buffer of recently loaded images. The pool is a function of
+the epoch's order and the batch's position, so the draws are the same whatever resumes (a
+resumed run decodes the partners its first batch needs). The planning thread keeps which
+``(epoch, index)`` each slot will hold once the batches planned so far are decoded; a batch
+decodes only what its plan needs and the ring does not hold.
+
+**Decoders.** nvJPEG decodes the JPEG files stored upright (``torchvision.io.decode_jpeg`` on
+the device, the batch in one call; on A100, H100 and H200 torchvision takes the hardware JPEG
+decoder for baseline files). The CPU decoder (OpenCV, as the CPU loader) takes every other file
+(PNG, BMP, ..., a JPEG stored turned: :attr:`Sample.exif_oriented`) on the reader threads, and
+any file nvJPEG refuses or decodes to another size than the dataset check measured (a PNG named
+``.jpg``, CMYK): the first such file is logged, the files counted (:attr:`DecodedRing.refused`),
+and each goes to the CPU from then on. A file neither decodes (changed since the check) is
+drawn grey with its boxes left out from then on, one warning per file, as the CPU loader does.
+Without a CUDA device or torchvision every file goes to the CPU decoder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from falconet.data.encoded_store import EncodedFiles
+from falconet.data.gpu_augment import ImageStore
+from falconet.data.gpu_cache import for_nvjpeg, gpu_decoder, place
+from falconet.data.loader import resized_shape
+from falconet.data.plans import BatchPlan
+from falconet.data.records import Sample
+from falconet.data.transforms import PAD_VALUE, read_image, resize_long_side
+
+if TYPE_CHECKING:
+    from falconet.data.loader import DetectionDataset
+
+log = logging.getLogger("falconet.data")
+
+MOSAIC_POOL = 1024
+"""Decoded slots of the ring, the images mosaic partners are drawn from (module docstring);
+a ring holds at least four batches."""
+
+READERS = 8
+"""Threads that read (``cache=stream``) and CPU-decode a batch's files."""
+
+JpegDecoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+"""``[n]`` uint8 host tensors of JPEG bytes -> ``[3, H, W]`` uint8 RGB images on the device;
+raises ``RuntimeError`` where it refuses one of them."""
+
+
+def ring_slots(batch: int, count: int, slots: int = MOSAIC_POOL) -> int:
+    """The ring's slots for batches of ``batch`` over ``count`` images: :data:`MOSAIC_POOL`,
+    at least four batches, at most the images there are."""
+    return max(min(max(slots, 4 * batch), count), batch, 1)
+
+
+def ring_bytes(slots: int, size: int) -> int:
+    """Device bytes of a ring of ``slots`` at long side ``size``."""
+    return slots * size * size * 3
+
+
+@dataclass
+class Fetched:
+    """A batch's images to decode, read on the planning thread's readers: ``(index, slot,
+    bytes)`` for nvJPEG, ``(index, slot, image or error)`` decoded on the CPU."""
+
+    jpegs: list[tuple[int, int, Future]] = field(default_factory=list)
+    decoded: list[tuple[int, int, Future]] = field(default_factory=list)
+
+
+class DecodedRing:
+    """The ring of a decoding loader (module docstring) over ``samples`` (the dataset's, in its
+    order) and their ``files``, on ``device``."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        files: EncodedFiles,
+        size: int,
+        device: torch.device,
+        slots: int,
+        *,
+        decode_jpegs: JpegDecoder | None = None,
+    ) -> None:
+        if len(files) != len(samples):
+            raise ValueError(f"{len(files)} files for {len(samples)} samples")
+        self.samples, self.files, self.size, self.device = samples, files, size, device
+        self.slots = slots
+        self.pixels = torch.zeros(slots, size, size, 3, dtype=torch.uint8, device=device)
+        self.shapes = [resized_shape(s, size) for s in samples]
+        self.store = ImageStore(self.pixels, [(0, 0)] * slots)
+        self._decode = decode_jpegs or nvjpeg_decoder(device)
+        self.on_cpu = np.ones(len(samples), bool)
+        if self._decode is not None:
+            self.on_cpu[for_nvjpeg(samples)] = False
+        self.refused = 0
+        self.held = np.full((slots, 2), -1, np.int64)  # (epoch, index): the planning thread's
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="falconet-read")
+        self.dataset: DetectionDataset | None = None  # the loader's, for images lost
+
+    @property
+    def decoder(self) -> str:
+        return "nvJPEG" if self._decode is not None else "the CPU"
+
+    def order(self, epoch: int, share: Callable[[int], list[int]]) -> tuple[np.ndarray, ...]:
+        """The epoch's order (``share(epoch)``) and each index's position in it."""
+        if epoch not in self._orders:
+            self._orders = {k: v for k, v in self._orders.items() if k >= epoch - 1}
+            order = np.asarray(share(epoch), np.int64)
+            where = np.full(len(self.samples), -1, np.int64)
+            where[order] = np.arange(len(order))
+            self._orders[epoch] = (order, where)
+        return self._orders[epoch]
+
+    def pool(self, order: np.ndarray, position: int, batch: int) -> np.ndarray:
+        """The indices the ring holds once the batch at ``position`` is decoded."""
+        return order[max(0, position + batch - self.slots) : position + batch]
+
+    def prepare(self, epoch: int, where: np.ndarray, plan: BatchPlan) -> tuple[BatchPlan, Fetched]:
+        """On the planning thread: ``plan`` with its tiles' images as ring slots, and the
+        images to decode for it, being read."""
+        images = plan.tiles[:, :, 0]
+        present = images >= 0
+        slot_of = np.where(present, where[np.where(present, images, 0)] % self.slots, -1)
+        fetched = Fetched()
+        pairs = zip(images[present].tolist(), slot_of[present].tolist(), strict=True)
+        for index, slot in dict.fromkeys(pairs):
+            if tuple(self.held[slot]) == (epoch, index):
+                continue
+            self.held[slot] = epoch, index
+            if self.on_cpu[index]:
+                fetched.decoded.append((index, slot, self._readers.submit(self._on_cpu, index)))
+            else:
+                fetched.jpegs.append((index, slot, self._readers.submit(self.files.read, index)))
+        tiles = plan.tiles.copy()
+        tiles[:, :, 0] = slot_of
+        return replace(plan, tiles=tiles), fetched
+
+    def _on_cpu(self, index: int) -> np.ndarray | OSError:
+        try:
+            return resize_long_side(read_image(str(self.samples[index].image)), self.size)
+        except OSError as exc:
+            return exc
+
+    def decode(self, fetched: Fetched) -> ImageStore:
+        """On the loop's thread, on the current stream: the fetched images decoded into their
+        slots; the ring as a store for the render."""
+        jpegs = []
+        for index, slot, read in fetched.jpegs:
+            try:
+                jpegs.append((index, slot, torch.from_numpy(read.result())))
+            except OSError as exc:
+                self._lost(index, slot, exc)
+        if jpegs:
+            images = self._decode_all([data for _, _, data in jpegs])
+            for (index, slot, _), image in zip(jpegs, images, strict=True):
+                if image is None or tuple(image.shape[1:]) != self._checked(index):
+                    self._refused(index, image)
+                    image = self._on_cpu(index)
+                    if isinstance(image, OSError):
+                        self._lost(index, slot, image)
+                        continue
+                    image = torch.from_numpy(image).to(self.device).permute(2, 0, 1)
+                place(self.pixels, slot, image, self.shapes[index])
+        for index, slot, done in fetched.decoded:
+            image = done.result()
+            if isinstance(image, OSError):
+                self._lost(index, slot, image)
+                continue
+            image = torch.from_numpy(image).to(self.device, non_blocking=False)
+            place(self.pixels, slot, image.permute(2, 0, 1), self.shapes[index])
+        return self.store
+
+    def _checked(self, index: int) -> tuple[int, int]:
+        return self.samples[index].height, self.samples[index].width
+
+    def _decode_all(self, data: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The batch in one call; where it is refused, file by file (``None``: refused)."""
+        try:
+            return list(self._decode(data))
+        except RuntimeError:
+            out: list[torch.Tensor | None] = []
+            for one in data:
+                try:
+                    out.append(self._decode([one])[0])
+                except RuntimeError:
+                    out.append(None)
+            return out
+
+    def _refused(self, index: int, image: torch.Tensor | None) -> None:
+        if self.on_cpu[index]:  # planned for nvJPEG before its first refusal was seen
+            return
+        self.on_cpu[index] = True
+        self.refused += 1
+        if self.refused == 1:
+            got = "refused it" if image is None else f"decoded it as {tuple(image.shape[1:])}"
+            log.warning(
+                "data: nvJPEG %s (%s; the dataset check measured %s); it and any other file "
+                "nvJPEG refuses are decoded on the CPU from now on, counted",
+                got,
+                self.samples[index].image,
+                self._checked(index),
+            )
+
+    def _lost(self, index: int, slot: int, error: Exception) -> None:
+        """An image neither decoder reads now: grey, its boxes left out from now on."""
+        h, w = self.shapes[index]
+        if self.dataset is not None:
+            self.dataset.grey_for_lost(index, error)
+        self.pixels[slot, :h, :w] = PAD_VALUE
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=False, cancel_futures=True)
+        self.files.close()
+
+
+def nvjpeg_decoder(device: torch.device) -> JpegDecoder | None:
+    """nvJPEG through torchvision on a CUDA ``device``; ``None`` off CUDA or without
+    torchvision (then the CPU decodes). Before each call the host waits for the current
+    stream's work: torchvision allocates its outputs on the caller's stream and writes them on
+    a stream of its own (:func:`falconet.data.gpu_cache.fill_store` does the same)."""
+    if device.type != "cuda" or gpu_decoder() is None:
+        return None
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    def decode(data: list[torch.Tensor]) -> list[torch.Tensor]:
+        torch.cuda.current_stream(device).synchronize()
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+    return decode
