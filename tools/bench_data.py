@@ -18,10 +18,18 @@ fuses (median ms per batch over 20 batches of the same plans, CUDA events, after
 renders; the largest and mean difference between the two in levels); with
 ``--render-configs``, the fused kernel alone at each launch shape (pixels per program x
 warps), and whether its images equal the default shape's.
+With ``--tiers`` (a CUDA device) it measures the decoding tiers, ``cache=encoded`` (the
+files' bytes in host memory, the fill waited for before timing) and ``cache=stream`` (read per
+batch), on the first ``--tier-images`` training images (each once an epoch, no repeats), at
+each of ``--gpu-batches``: the loader's img/s and CPU cores as above, the files' GiB and the
+fill's seconds, the ring's GiB; how far nvJPEG's pixels are from OpenCV's on the first 256
+images (mean absolute difference in levels); and with ``--png-images`` the stream tier over
+that many of the images re-saved as PNG (decoded on the CPU reader threads).
 ``--out`` writes the results as JSON.
 
     uv run python tools/bench_data.py ../shared/data/coco128/coco128.yaml
     python tools/bench_data.py .data/coco128/coco128.yaml --gpu --gpu-batches 16,64 --out d.json
+    python tools/bench_data.py scale/data.yaml --tiers --tier-images 30000 --no-cpu-table
 """
 
 from __future__ import annotations
@@ -301,6 +309,70 @@ def gpu_section(args, samples) -> dict:
     return result
 
 
+def tier_section(args, samples) -> dict:
+    """``cache=encoded`` and ``cache=stream`` (module docstring)."""
+    import tempfile
+
+    from falconet.data.encoded_store import EncodedFiles
+    from falconet.data.gpu_decode import DecodedRing, nvjpeg_decoder, ring_slots
+    from falconet.data.gpu_loader import GpuLoader
+    from falconet.data.records import Sample
+    from falconet.data.transforms import read_image
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a dry run
+    samples = samples[: args.tier_images]
+    paths = [s.image for s in samples]
+    result: dict = {"images": len(samples), "batches": {}}
+    decode = nvjpeg_decoder(device)
+    diffs = [0.0]
+    for s in samples[:256] if decode is not None else []:
+        data = torch.from_numpy(np.fromfile(s.image, np.uint8))
+        gpu = decode([data])[0].permute(1, 2, 0).cpu().numpy().astype(int)
+        diffs.append(float(np.abs(gpu - read_image(str(s.image)).astype(int)).mean()))
+    result["nvjpeg_vs_opencv_mean_abs_levels"] = round(statistics.mean(diffs), 4)
+    held = EncodedFiles(paths, hold=True)
+    start = time.perf_counter()
+    held.start_filling()
+    held.wait_filled()
+    result["encoded"] = {
+        "gib": round(held.nbytes / 2**30, 3),
+        "mean_file_kib": round(held.nbytes / len(held) / 1024, 1),
+        "fill_s": round(time.perf_counter() - start, 2),
+        "fill_gib_s": round(held.nbytes / 2**30 / (time.perf_counter() - start), 2),
+    }
+    print(f"tiers: {result}", flush=True)
+    kinds = {"encoded": held, "stream": EncodedFiles(paths, hold=False, sizes=held.sizes)}
+    png = None
+    if args.png_images:
+        folder = Path(tempfile.mkdtemp(prefix="bench-png-"))
+        png = []
+        for i, s in enumerate(samples[: args.png_images]):
+            path = folder / f"{i}.png"
+            cv2.imwrite(str(path), cv2.cvtColor(read_image(str(s.image)), cv2.COLOR_RGB2BGR))
+            png.append(Sample(path, s.image_id, s.width, s.height, s.boxes, s.labels))
+        result["png_mean_file_kib"] = round(
+            statistics.mean(p.image.stat().st_size for p in png) / 1024, 1
+        )
+    for batch in (int(b) for b in args.gpu_batches.split(",")):
+        row: dict = {}
+        for name, files in kinds.items():
+            train = DetectionDataset(samples, args.imgsz, augment=AugmentConfig())
+            slots = ring_slots(batch, len(samples))
+            ring = DecodedRing(samples, files, args.imgsz, device, slots)
+            timed_on = device if device.type == "cuda" else None
+            row[name] = timed_epochs(GpuLoader(train, ring, batch), args.epochs, timed_on)
+            row[name]["ring_gib"] = round(ring.pixels.numel() / 2**30, 3)
+            row[name]["refused"] = ring.refused
+        if png:
+            files = EncodedFiles([p.image for p in png], hold=False)
+            train = DetectionDataset(png, args.imgsz, augment=AugmentConfig())
+            ring = DecodedRing(png, files, args.imgsz, device, ring_slots(batch, len(png)))
+            row["stream_png"] = timed_epochs(GpuLoader(train, ring, batch), args.epochs, timed_on)
+        result["batches"][batch] = row
+        print(f"batch {batch}: {row}", flush=True)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data")
@@ -319,12 +391,15 @@ def main() -> None:
         default="",
         help="with --gpu: the render kernel alone at each BLOCKxWARPS, e.g. 512x4,1024x8",
     )
+    parser.add_argument("--tiers", action="store_true", help="cache=encoded and stream (CUDA)")
+    parser.add_argument("--tier-images", type=int, default=20_000)
+    parser.add_argument("--png-images", type=int, default=0)
     parser.add_argument("--cpu-table", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out")
     args = parser.parse_args()
 
     split = load_dataset(args.data, splits=("train",)).splits["train"]
-    samples = split.samples * args.repeat
+    samples = split.samples * (1 if args.tiers and not args.gpu else args.repeat)
     files = sorted({str(s.image) for s in split.samples})
     print(
         f"data: {args.data}: {len(files)} images x {args.repeat} per epoch, {args.imgsz} px, "
@@ -339,6 +414,10 @@ def main() -> None:
         report["device"] = torch.cuda.get_device_name()
         report["gpu"] = gpu_section(args, samples)
         print(json.dumps(report["gpu"]), flush=True)
+    if args.tiers:
+        report["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        report["tiers"] = tier_section(args, split.samples)
+        print(json.dumps(report["tiers"]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

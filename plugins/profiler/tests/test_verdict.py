@@ -153,11 +153,13 @@ def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
     # cache=gpu has no loader workers: more of them is no lever, whatever `workers` says
     on_gpu_default = Context(graph="whole-step", workers=8, cpu_count=16, cache="gpu")
     assert decide(evidence(loader_wait_fraction=0.3), on_gpu_default)["levers"] == []
-    # images too many for cache=gpu's store (as cache=auto found them): the RAM cache instead
+    # images too many for cache=gpu's store: their files' bytes, decoded per batch on the GPU
     too_many = Context(graph="whole-step", workers=16, cpu_count=16, gpu_store_fits=False)
     crowded = decide(evidence(loader_wait_fraction=0.3), too_many)
-    assert sets(crowded) == ["cache=ram"]
+    assert sets(crowded) == ["cache=encoded"]
     assert "do not fit in half the GPU's free memory" in crowded["levers"][0]["why"]
+    decoding = Context(graph="whole-step", workers=8, cpu_count=16, cache="encoded")
+    assert decide(evidence(loader_wait_fraction=0.3), decoding)["levers"] == []
     missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
     assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"
 

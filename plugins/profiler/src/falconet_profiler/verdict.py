@@ -201,7 +201,8 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
     if name == "dataloader":
         # cache=gpu draws each batch's plan on one host thread and renders it on the GPU: no
         # loader workers there to add
-        if c.workers < c.cpu_count and c.cache != "gpu":
+        on_gpu = c.cache in ("gpu", "encoded", "stream")  # augmented on the GPU
+        if c.workers < c.cpu_count and not on_gpu:
             more = min(c.cpu_count, max(2 * c.workers, 1))
             out.append(
                 _lever(
@@ -210,7 +211,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     f"{c.workers} loader workers; this machine has {c.cpu_count} CPUs",
                 )
             )
-        if c.device == "cuda" and c.cache != "gpu" and c.gpu_store_fits is not False:
+        if c.device == "cuda" and not on_gpu and c.gpu_store_fits is not False:
             out.append(
                 _lever(
                     "cache",
@@ -219,11 +220,18 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     "workers leave the step's path (docs/data.md, its memory cost)",
                 )
             )
-        elif c.cache == "none":
-            why = "decode each image once instead of every epoch"
-            if c.device == "cuda" and c.gpu_store_fits is False:
-                why += " (the images do not fit in half the GPU's free memory for cache=gpu)"
-            out.append(_lever("cache", "ram", why))
+        elif c.device == "cuda" and not on_gpu:
+            out.append(
+                _lever(
+                    "cache",
+                    "encoded",
+                    "the images do not fit in half the GPU's free memory decoded: hold the "
+                    "files' bytes in host memory and decode each batch on the GPU (nvJPEG), "
+                    "augmented there; cache=stream reads them per batch (docs/data.md)",
+                )
+            )
+        elif c.cache == "none":  # off CUDA
+            out.append(_lever("cache", "ram", "decode each image once instead of every epoch"))
     elif name == "host-launch":
         needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"
         if c.graph not in ("cuda-graph", "whole-step"):

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with .whl and .data carried (docs/development.md):
+# the data tiers at COCO's scale and beyond (docs/data.md, "Which store, when"). The generated
+# sets live in /tmp/scale, so the parts after the first need the same warm machine.
+#   part=a  the 118k-image set (tools/make_scale_set.py from COCO128), its dataset check, and the
+#           loader alone per tier (tools/bench_data.py --tiers)
+#   part=b  on the 118k set, per batch: the isolated step, end to end with cache=encoded and
+#           cache=stream, and Ultralytics on its first ${ultra:-10000} images (tools/bench_scale.py)
+#   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
+#   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
+#           end to end at batch 64, then stream again with the page cache dropped
+set -uo pipefail
+[[ -d /tmp/site ]] || source tools/device/install.sh
+export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site/bin:$PATH"
+export FALCONET_CACHE_DIR=/tmp/falconet-cache MPLCONFIGDIR=/tmp/mpl PYTHONUNBUFFERED=1
+scale=/tmp/scale
+part=${part:-a}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  df -h / /tmp; free -g; nproc
+  python3 -c "import sys, torch, torchvision; print(sys.version, torch.__version__, torchvision.__version__)"
+} > "$OUT/machine-$part.txt" 2>&1
+if [[ $part == a ]]; then
+  SECONDS=0
+  python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images 118287 --val 500 \
+    --out $scale/coco118k > "$OUT/a-generate.log" 2>&1
+  echo "generate rc=$? seconds=$SECONDS" | tee -a "$OUT/a-generate.log"
+  SECONDS=0
+  falconet data check $scale/coco118k/data.yaml > /tmp/a-check.log 2>&1
+  echo "check rc=$? seconds=$SECONDS" | tee -a "$OUT/a-generate.log"
+  tail -5 /tmp/a-check.log >> "$OUT/a-generate.log"
+  SECONDS=0
+  python tools/bench_data.py $scale/coco118k/data.yaml --tiers --tier-images 20000 \
+    --gpu-batches 16,64 --epochs 3 --png-images 2000 --no-cpu-table \
+    --out "$OUT/a-loader-tiers.json" > "$OUT/a-loader-tiers.log" 2>&1
+  echo "loader rc=$? seconds=$SECONDS" | tee -a "$OUT/a-loader-tiers.log"
+elif [[ $part == b ]]; then
+  python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches ${caches:-encoded,stream} \
+    --batch ${batches:-16,64} --span ${span:-300,1500} --ultralytics-images ${ultra:-10000} \
+    --out "$OUT/b-scale-118k.json" 2>&1 | tee "$OUT/b-scale-118k.log" | grep -v '^{'
+elif [[ $part == c ]]; then
+  arms=""
+  for seed in ${seeds:-0 1 2}; do
+    arms+="falconet:cache=gpu:seed=$seed,falconet:cache=encoded:seed=$seed,"
+  done
+  python tools/bench_train.py --data .data/coco128 --arms "${arms%,}" --measures overfit \
+    --overfit-epochs ${epochs:-150} --overfit-batch 16 --repeats 1 --gpus 0,0,0 \
+    --out "$OUT/c-overfit.json" > "$OUT/c-overfit.log" 2>&1
+  tail -20 "$OUT/c-overfit.log"
+elif [[ $part == d ]]; then
+  big=${big:-300000}
+  SECONDS=0
+  python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images $((big - 118287)) \
+    --val 500 --seed 1 --out $scale/more > "$OUT/d-generate.log" 2>&1
+  python3 -c "import yaml, sys; c = yaml.safe_load(open('$scale/coco118k/data.yaml'));
+c.update(path='$scale', train=['coco118k/images/train', 'more/images/train'],
+         val='coco118k/images/val'); open('$scale/big.yaml', 'w').write(yaml.safe_dump(c))"
+  echo "generate rc=$? seconds=$SECONDS" | tee -a "$OUT/d-generate.log"
+  df -h / >> "$OUT/d-generate.log"
+  SECONDS=0
+  falconet data check $scale/big.yaml > /tmp/d-check.log 2>&1
+  echo "check rc=$? seconds=$SECONDS" | tee -a "$OUT/d-generate.log"
+  python tools/bench_scale.py --data $scale/big.yaml --caches encoded,stream --batch 64 \
+    --span ${span:-300,1500} --out "$OUT/d-scale-big.json" 2>&1 | tee "$OUT/d-scale-big.log" \
+    | grep -v '^{'
+  sync && echo 3 > /proc/sys/vm/drop_caches
+  python tools/bench_scale.py --data $scale/big.yaml --caches stream --batch 64 --no-step \
+    --span ${span:-300,1500} --out "$OUT/d-scale-big-cold.json" 2>&1 \
+    | tee "$OUT/d-scale-big-cold.log" | grep -v '^{'
+fi
