@@ -312,7 +312,7 @@ def test_a_store_too_large_for_the_gpu_is_refused_with_the_numbers():
     assert store_bytes(1000, 640) == 1000 * 640 * 640 * 3
     gib = 2**30
     check_fits(1000, 640, free=40 * gib, total=80 * gib, where="cuda:0")  # 1.1 GiB: fine
-    with pytest.raises(DataError, match=r"118000 images at imgsz=640 need 135\.0 GiB .*cache=ram"):
+    with pytest.raises(DataError, match=r"118000 images at imgsz=640 need 135\.0 GiB .*cache=encoded"):
         check_fits(118_000, 640, free=120 * gib, total=141 * gib, where="cuda:0")
 
 

@@ -3,8 +3,8 @@
 The store (:class:`~falconet.data.gpu_augment.ImageStore`) holds every image in a slot of
 ``imgsz x imgsz x 3`` bytes, so its size is known before anything is decoded:
 :func:`store_bytes` is logged, and a store that would take more than :data:`STORE_SHARE` of
-the device's free memory is refused with the numbers (``cache=ram`` keeps the images in host
-memory and augments them on the CPU instead).
+the device's free memory is refused with the numbers (``cache=encoded`` keeps the files' bytes
+in host memory and decodes each batch on the GPU instead: :mod:`falconet.data.gpu_decode`).
 
 JPEG files are decoded on the GPU by nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, in
 batches; torchvision is not a dependency of falconet-core: without it every file goes to the
@@ -95,9 +95,9 @@ def check_fits(count: int, size: int, free: int, total: int, where: str) -> None
         raise DataError(
             f"cache=gpu: {count} images at imgsz={size} need {need / gib:.1f} GiB of GPU "
             f"memory, more than {STORE_SHARE:.0%} of the {free / gib:.1f} GiB free on {where}; "
-            "use cache=ram (the images in host memory, augmented by the CPU workers), "
-            "cache=none (read from disk by the workers, for a set larger than host memory too) "
-            "or a smaller imgsz"
+            "use cache=encoded (the files' bytes in host memory, decoded per batch on the "
+            "GPU), cache=stream (read per batch, for a set larger than host memory too) or a "
+            "smaller imgsz"
         )
 
 
