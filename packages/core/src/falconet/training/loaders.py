@@ -62,7 +62,7 @@ def gpu_shard(samples: list[Sample], world: World) -> list[Sample]:
     holds as many (and trains as many batches an epoch) and together they hold every image."""
     share = samples[world.rank :: world.size] or samples[world.rank % len(samples) :][:1]
     size = -(-len(samples) // world.size)
-    return (share * size)[:size]
+    return (share * -(-size // len(share)))[:size]  # repeated as often as it needs, no more
 
 
 def resolve_cache(
