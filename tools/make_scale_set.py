@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 import time
-from multiprocessing import Pool
+from multiprocessing import get_context
 from pathlib import Path
 
 import cv2
@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     jobs = [(args.seed, "train", i, args.out) for i in range(args.images)]
     jobs += [(args.seed, "val", i, args.out) for i in range(args.val)]
     start = time.perf_counter()
-    with Pool(args.workers, initializer=_init, initargs=(sources,)) as pool:
+    # spawned, not forked: a fork of a process with threads (torch's, a test runner's) can
+    # copy a lock another thread holds, and the worker then waits on it for ever
+    with get_context("spawn").Pool(args.workers, initializer=_init, initargs=(sources,)) as pool:
         sizes = pool.map(make_one, jobs, chunksize=64)
     seconds = time.perf_counter() - start
     source_bytes = [Path(s.image).stat().st_size / (s.width * s.height) for s in samples]
