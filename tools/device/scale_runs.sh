@@ -4,8 +4,8 @@
 # sets live in /tmp/scale, so the parts after the first need the same warm machine.
 #   part=a  the 118k-image set (tools/make_scale_set.py from COCO128), its dataset check, and the
 #           loader alone per tier (tools/bench_data.py --tiers)
-#   part=b  on the 118k set, per batch: the isolated step, end to end with cache=encoded and
-#           cache=stream, and Ultralytics on its first ${ultra:-10000} images (tools/bench_scale.py)
+#   part=b  on the 118k set, per batch: the isolated step, end to end with cache=encoded, and
+#           Ultralytics on its first ${ultra:-8000} images (tools/bench_scale.py)
 #   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
 #   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
 #           end to end at batch 64, then stream again with the page cache dropped
@@ -20,7 +20,7 @@ part=${part:-a}
   df -h / /tmp; free -g; nproc
   python3 -c "import sys, torch, torchvision; print(sys.version, torch.__version__, torchvision.__version__)"
 } > "$OUT/machine-$part.txt" 2>&1
-if [[ $part == a ]]; then
+if [[ $part == a || ! -f $scale/coco118k/data.yaml ]]; then  # a fresh machine: the set first
   SECONDS=0
   python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images 118287 --val 500 \
     --out $scale/coco118k > "$OUT/a-generate.log" 2>&1
@@ -29,14 +29,16 @@ if [[ $part == a ]]; then
   falconet data check $scale/coco118k/data.yaml > /tmp/a-check.log 2>&1
   echo "check rc=$? seconds=$SECONDS" | tee -a "$OUT/a-generate.log"
   tail -5 /tmp/a-check.log >> "$OUT/a-generate.log"
+fi
+if [[ $part == a ]]; then
   SECONDS=0
   python tools/bench_data.py $scale/coco118k/data.yaml --tiers --tier-images 20000 \
     --gpu-batches 16,64 --epochs 3 --png-images 2000 --no-cpu-table \
     --out "$OUT/a-loader-tiers.json" > "$OUT/a-loader-tiers.log" 2>&1
   echo "loader rc=$? seconds=$SECONDS" | tee -a "$OUT/a-loader-tiers.log"
 elif [[ $part == b ]]; then
-  python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches ${caches:-encoded,stream} \
-    --batch ${batches:-16,64} --span ${span:-300,1500} --ultralytics-images ${ultra:-10000} \
+  python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches ${caches:-encoded} \
+    --batch ${batches:-16,64} --span ${span:-300,1500} --ultralytics-images ${ultra:-8000} \
     --out "$OUT/b-scale-118k.json" 2>&1 | tee "$OUT/b-scale-118k.log" | grep -v '^{'
 elif [[ $part == c ]]; then
   arms=""
