@@ -52,6 +52,10 @@ def test_check_command_reports_and_sets_the_exit_status(broken_yolo):
     assert "labels/train/class.txt:1: class 7 is not in 0..1 (names has 2)" in text.output
     assert "train: 14 of 17 images usable" in text.output
     assert run("--strict").exit_code == 1
+    as_train_takes_it = CliRunner().invoke(
+        cli, ["data", "check", f"data={broken_yolo}"], obj=plugins
+    )
+    assert as_train_takes_it.exit_code == 0 and as_train_takes_it.output == text.output
     report = json.loads(run("--json").output)
     assert report["usable"] is True
     assert report["splits"]["train"]["usable"] == 14

@@ -29,7 +29,7 @@ def data() -> None:
     help="Threads that decode images (default: one per core, at most 32).",
 )
 def check(dataset: str, as_json: bool, strict: bool, workers: int | None) -> None:
-    """Check DATASET (`shapes` or a data yaml): every image is decoded to the end and every
+    """Check DATASET (`shapes` or a data yaml, bare or as `data=...`): every image is decoded to the end and every
     label line parsed; each problem is printed with its file and line and what training does
     about it (skipped, dropped, clipped, converted or noted).
 
@@ -38,6 +38,8 @@ def check(dataset: str, as_json: bool, strict: bool, workers: int | None) -> Non
     """
     from falconet.data import DataError, load_dataset
 
+    if dataset.startswith("data="):  # as `falconet train` takes it
+        dataset = dataset.removeprefix("data=")
     try:
         loaded = load_dataset(dataset, workers=workers)
     except DataError as exc:
