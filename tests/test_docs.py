@@ -29,6 +29,14 @@ def test_readme_has_exactly_two_commands_and_ci_runs_them():
     assert commands == blocks
 
 
+def test_tools_readme_names_every_script_in_tools():
+    listed = (ROOT / "tools" / "README.md").read_text()
+    scripts = [*(ROOT / "tools").glob("*.py"), *(ROOT / "tools" / "device").glob("*.sh")]
+    scripts += (ROOT / "tools" / "device").glob("*.py")
+    missing = sorted(p.name for p in scripts if f"`{p.name}`" not in listed)
+    assert not missing, f"tools/README.md does not name {missing}"
+
+
 def test_every_hook_is_documented():
     doc = (ROOT / "docs/plugins.md").read_text()
     hooks = [name for name in dir(hookspecs) if name.startswith("register_")]
