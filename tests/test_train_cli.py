@@ -105,7 +105,7 @@ def test_train_two_epochs_on_coco128_at_small_size(falconet_cli, tmp_path):
         ("epochs", "'epochs' is not key=value"),
         ("batch=1.5", "neither a number of images (1 or more) nor autobatch"),
         ("batch=-1", "give the batch as a number of images, e.g. batch=16"),  # on the CPU
-        ("cache=gpu", "cache=gpu keeps the images in GPU memory and this run is on cpu"),
+        ("cache=gpu", "cache=gpu decodes or keeps the images on the GPU and this run is on cpu"),
     ],
 )
 def test_bad_keys_are_clear_errors_on_the_command_line(falconet_cli, tiny_run, pair, expected):
