@@ -100,6 +100,9 @@ def test_the_same_seed_writes_the_same_labels_and_bad_arguments_are_refused(tmp_
             [p.read_text() for p in sorted((tmp_path / name / "labels" / "train").iterdir())]
         )
     assert runs[0] == runs[1] and len(runs[0]) == 6
+    main(["--source", str(data), "--images", "3", "--val", "0", "--out", str(tmp_path / "b"),
+          "--workers", "1", "--force"])  # fmt: skip
+    assert len(list((tmp_path / "b" / "labels" / "train").iterdir())) == 3  # the old 6 gone
     with pytest.raises(SystemExit):
         main(["--source", str(data), "--images", "3", "--out", str(tmp_path / "a")])
     assert "is not empty" in capsys.readouterr().err

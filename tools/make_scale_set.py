@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from multiprocessing import get_context
@@ -42,7 +43,9 @@ KEEP_AREA = 0.2
 MIN_SIDE = 2.0
 
 _sources: list = []  # (path, boxes, labels) per source, set in each worker
-_decoded: dict[int, np.ndarray] = {}  # the worker's decoded sources (each decoded once)
+_decoded: dict[int, np.ndarray] = {}  # the worker's decoded sources, the oldest dropped first
+DECODED_HELD = 256
+"""Decoded sources a worker holds (COCO128 whole; a large source is decoded again as drawn)."""
 
 
 def _init(sources: list) -> None:
@@ -82,6 +85,8 @@ def make_one(job: tuple[int, str, int, Path]) -> int:
     if source not in _decoded:
         from falconet.data.transforms import read_image
 
+        if len(_decoded) >= DECODED_HELD:  # a large source: hold a bounded number decoded
+            _decoded.pop(next(iter(_decoded)))
         _decoded[source] = read_image(_sources[source][0])
     image = _decoded[source]
     _, boxes, labels = _sources[source]
@@ -123,12 +128,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--val", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    parser.add_argument(
+        "--force", action="store_true", help="replace the images and labels of a non-empty --out"
+    )
     args = parser.parse_args(argv)
     if args.images < 1 or args.val < 0:
         parser.error(f"--images {args.images} --val {args.val}: need at least one image")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
         parser.error(f"--out {args.out} is not empty; give an empty folder or --force")
+    for folder in ("images", "labels"):  # --force: an earlier, larger set's files go
+        shutil.rmtree(args.out / folder, ignore_errors=True)
     from falconet.data.resolve import load_dataset
 
     dataset = load_dataset(args.source, splits=("train",))
