@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-MARK = "BENCH "
+from bench_train import MARK
 
 
 def process_age() -> float:
@@ -224,24 +223,8 @@ def run_ultralytics(args) -> dict:
     BaseTrainer.read_results_csv = lambda self: {}  # as bench_train.py does
     data = subset_yaml(args.data, args.ultralytics_images, Path(tempfile.mkdtemp()))
     clock = bench_train.EpochClock({1, 2})
-    overrides = dict(
-        model="yolo26n.yaml",
-        data=str(data),
-        epochs=2,
-        batch=args.batch,
-        imgsz=args.imgsz,
-        workers=8,
-        cache=False,
-        amp=True,
-        pretrained=False,
-        plots=False,
-        close_mosaic=0,
-        deterministic=False,
-        val=False,
-        project=args.tmp,
-        name="ultralytics",
-        exist_ok=True,
-        verbose=False,
+    overrides = bench_train.ultralytics_overrides(
+        data, 2, args.batch, args.imgsz, 8, False, args.tmp
     )
     trainer = DetectionTrainer(overrides=overrides)
     trainer.add_callback("on_train_start", lambda t: clock.tick())
@@ -294,18 +277,9 @@ def spawn(args, arm: str, cache: str, batch: int) -> dict:
         "--tmp",
         args.tmp,
     ]
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        return {"arm": arm, "cache": cache, "batch": batch, "error": "timed out"}
-    for line in done.stdout.splitlines():
-        if line.startswith(MARK):
-            result = json.loads(line[len(MARK) :])
-            result["process_s"] = round(time.perf_counter() - started, 1)
-            return result
-    tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-    return {"arm": arm, "cache": cache, "batch": batch, "error": " | ".join(tail)}
+    from bench_train import marked_result
+
+    return marked_result(command, args.timeout, arm=arm, cache=cache, batch=batch)
 
 
 def table(results: list[dict]) -> str:

@@ -631,6 +631,30 @@ def _offline_ultralytics(tmp: Path) -> None:
     shutil.copy(font, config / "Arial.ttf")
 
 
+def ultralytics_overrides(data, epochs, batch, imgsz, workers, cache, project) -> dict:
+    """Ultralytics' training keys as every arm of ours sets them: yolo26n from scratch, AMP,
+    mosaic throughout, no validation or plots, offline (:func:`_offline_ultralytics`)."""
+    return dict(
+        model="yolo26n.yaml",
+        data=str(data),
+        epochs=epochs,
+        batch=batch,
+        imgsz=imgsz,
+        workers=workers,
+        cache=cache,
+        amp=True,
+        pretrained=False,
+        plots=False,
+        close_mosaic=0,
+        deterministic=False,
+        val=False,
+        project=project,
+        name="ultralytics",
+        exist_ok=True,
+        verbose=False,
+    )
+
+
 def run_ultralytics(args) -> dict:
     _offline_ultralytics(Path(args.tmp))
     import torch
@@ -639,24 +663,8 @@ def run_ultralytics(args) -> dict:
 
     # its polars dependency (a 54 MB wheel) only reads results.csv back for checkpoints
     BaseTrainer.read_results_csv = lambda self: {}
-    overrides = dict(
-        model="yolo26n.yaml",
-        data=str(args.data_yaml),
-        epochs=args.epochs,
-        batch=args.batch,
-        imgsz=args.imgsz,
-        workers=args.workers,
-        cache="ram",
-        amp=True,
-        pretrained=False,
-        plots=False,
-        close_mosaic=0,
-        deterministic=False,
-        val=False,
-        project=args.tmp,
-        name="ultralytics",
-        exist_ok=True,
-        verbose=False,
+    overrides = ultralytics_overrides(
+        args.data_yaml, args.epochs, args.batch, args.imgsz, args.workers, "ram", args.tmp
     )
     result: dict = {}
     if args.measure == "overfit":  # val=False still validates the final epoch
@@ -1051,20 +1059,24 @@ def spawn(
     env = dict(os.environ) | arm_env(arm)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    return marked_result(command, args.timeout, env, arm=arm, batch=batch, measure=measure)
+
+
+def marked_result(command: list[str], timeout: float, env=None, **names) -> dict:
+    """Run one measurement's process; its result line (``MARK`` + JSON) with the process's
+    seconds, or ``names`` with the error (a timeout, or the output's last lines)."""
     started = time.perf_counter()
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=args.timeout, env=env
-        )
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"arm": arm, "batch": batch, "measure": measure, "error": "timed out"}
+        return {**names, "error": "timed out"}
     for line in done.stdout.splitlines():
         if line.startswith(MARK):
             result = json.loads(line[len(MARK) :])
             result["process_s"] = round(time.perf_counter() - started, 1)
             return result
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"arm": arm, "batch": batch, "measure": measure, "error": " | ".join(tail)}
+    return {**names, "error": " | ".join(tail)}
 
 
 def _median(results: list[dict], arm: str, batch: int, measure: str, key: str):
