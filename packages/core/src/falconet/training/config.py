@@ -117,6 +117,11 @@ class TrainConfig(BaseModel):
     ema_decay: float = Field(0.9999, gt=0, lt=1, description="EMA decay (ramped up at start)")
     ema_tau: float = Field(2000.0, gt=0, description="EMA ramp: decay * (1 - exp(-updates/tau))")
     # augmentation
+    augment: str = Field(
+        "default",
+        description="augmentation preset: default (the family's recipe), none (or false: "
+        "all off), light, heavy; sets the keys below, which win where also given",
+    )
     mosaic: float = Field(1.0, ge=0, le=1, description="probability of a 4-image mosaic")
     close_mosaic: int = Field(10, ge=0, description="turn mosaic off for the last N epochs")
     degrees: float = Field(0.0, ge=0, description="random rotation range, degrees")
@@ -158,6 +163,13 @@ class TrainConfig(BaseModel):
     callbacks: list[str] = Field(
         default_factory=list, description="extra registered callbacks, comma separated"
     )
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _augment_preset(cls, value: Any) -> str:
+        from falconet.training.augment_presets import preset_name
+
+        return preset_name(value)
 
     @field_validator("imgsz")
     @classmethod

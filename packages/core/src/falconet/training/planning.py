@@ -22,6 +22,7 @@ from falconet.data.resolve import resolve_data_path
 from falconet.data.yolo import read_yaml
 from falconet.interfaces import Callback, ModelFamily
 from falconet.plugins import Plugins
+from falconet.training.augment_presets import preset_keys
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.config import (
     ConfigError,
@@ -106,6 +107,7 @@ def plan_run(
     layers = (
         dict(family.default_recipe(model_name)),
         data_defaults(str(data), model_keys),
+        preset_keys(dict(keys)),  # augment=: between the recipe and the keys named
         dict(keys),
         {"model": str(model)},  # what was trained, in args.yaml and the checkpoints
     )
