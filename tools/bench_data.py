@@ -314,7 +314,7 @@ def tier_section(args, samples) -> dict:
     import tempfile
 
     from falconet.data.encoded_store import EncodedFiles
-    from falconet.data.gpu_decode import DecodedRing, nvjpeg_decoder, ring_slots
+    from falconet.data.gpu_decode import DecodedRing, nvjpeg_decoder, ring_pool
     from falconet.data.gpu_loader import GpuLoader
     from falconet.data.records import Sample
     from falconet.data.transforms import read_image
@@ -357,8 +357,8 @@ def tier_section(args, samples) -> dict:
         row: dict = {}
         for name, files in kinds.items():
             train = DetectionDataset(samples, args.imgsz, augment=AugmentConfig())
-            slots = ring_slots(batch, len(samples))
-            ring = DecodedRing(samples, files, args.imgsz, device, slots)
+            pool = ring_pool(batch, len(samples))
+            ring = DecodedRing(samples, files, args.imgsz, device, pool, batch)
             timed_on = device if device.type == "cuda" else None
             row[name] = timed_epochs(GpuLoader(train, ring, batch), args.epochs, timed_on)
             row[name]["ring_gib"] = round(ring.pixels.numel() / 2**30, 3)
@@ -366,7 +366,7 @@ def tier_section(args, samples) -> dict:
         if png:
             files = EncodedFiles([p.image for p in png], hold=False)
             train = DetectionDataset(png, args.imgsz, augment=AugmentConfig())
-            ring = DecodedRing(png, files, args.imgsz, device, ring_slots(batch, len(png)))
+            ring = DecodedRing(png, files, args.imgsz, device, ring_pool(batch, len(png)), batch)
             row["stream_png"] = timed_epochs(GpuLoader(train, ring, batch), args.epochs, timed_on)
         result["batches"][batch] = row
         print(f"batch {batch}: {row}", flush=True)

@@ -44,7 +44,7 @@ def test_gpu_batches_are_the_cpu_render_of_their_plans_up_to_rounding(tmp_path, 
     differences = []
     batches = 0
     for keys in gpu.batch_sampler:
-        batch = gpu.device_part(*gpu.host_part(keys))
+        batch = gpu.batch(keys)
         plan = dataset.plan(keys[0][0], [index for _, index in keys])
         plans = [plan.sample(b) for b in range(len(plan))]
         items = [
@@ -82,7 +82,7 @@ def test_batches_rendered_on_the_loaders_stream_are_those_rendered_in_line(tmp_p
     store = ram_store(dataset)
     gpu = GpuLoader(dataset, ImageStore(store.pixels.cuda(), store.shapes), 4, seed=3)
     gpu.batch_sampler.set_epochs(0, 2)
-    in_line = [gpu.device_part(*gpu.host_part(keys))["images"] for keys in gpu.batch_sampler]
+    in_line = [gpu.batch(keys)["images"] for keys in gpu.batch_sampler]
     gpu.batch_sampler.set_epochs(0, 2)
     ahead = []
     for batch in gpu:
@@ -312,7 +312,8 @@ def test_a_store_too_large_for_the_gpu_is_refused_with_the_numbers():
     assert store_bytes(1000, 640) == 1000 * 640 * 640 * 3
     gib = 2**30
     check_fits(1000, 640, free=40 * gib, total=80 * gib, where="cuda:0")  # 1.1 GiB: fine
-    with pytest.raises(DataError, match=r"118000 images at imgsz=640 need 135\.0 GiB .*cache=encoded"):
+    need = r"118000 images at imgsz=640 need 135\.0 GiB .*cache=encoded"
+    with pytest.raises(DataError, match=need):
         check_fits(118_000, 640, free=120 * gib, total=141 * gib, where="cuda:0")
 
 

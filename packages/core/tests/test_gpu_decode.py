@@ -17,7 +17,7 @@ import torch
 
 from falconet.data.encoded_store import EncodedFiles, file_sizes
 from falconet.data.gpu_augment import PlanTensors, render
-from falconet.data.gpu_decode import DecodedRing, ring_slots
+from falconet.data.gpu_decode import DECODE_AHEAD, DecodedRing, ring_pool, ring_slots
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, collate_targets
 from falconet.data.tiers import Footing, choose_tier
@@ -32,24 +32,24 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FALCONET_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def ring_loader(dataset, batch, slots, *, hold=True, decode_jpegs=None, seed=5):
+def ring_loader(dataset, batch, pool, *, hold=True, decode_jpegs=None, seed=5):
     files = EncodedFiles([s.image for s in dataset.samples], hold=hold)
     files.start_filling()
-    ring = DecodedRing(dataset.samples, files, SIZE, CPU, slots, decode_jpegs=decode_jpegs)
+    ring = DecodedRing(dataset.samples, files, SIZE, CPU, pool, batch, decode_jpegs=decode_jpegs)
     return GpuLoader(dataset, ring, batch, seed=seed)
 
 
 @pytest.mark.parametrize("hold", [True, False], ids=["encoded", "stream"])
 def test_ring_batches_are_the_decoded_stores_render_of_the_same_plans(tmp_path, hold):
     """Every batch from the ring equals, pixel for pixel and box for box, what the decoded
-    store renders for the plan drawn with the ring's pool; the pool is the images the ring
-    holds (the last ``slots`` of the epoch's order up to the batch), and only images the ring
-    does not hold are decoded."""
+    store renders for the plan drawn with the ring's pool; the pool is the last ``pool``
+    images of the epoch's order up to the batch, and only images the ring does not hold are
+    decoded."""
     samples = photos(tmp_path / "img", count=13)
     cfg = AugmentConfig(mosaic=1.0, degrees=10.0)
     dataset = DetectionDataset(samples, SIZE, augment=cfg, cache="ram", seed=5)
     store = ram_store(dataset)
-    loader = ring_loader(dataset, 3, slots=6, hold=hold)
+    loader = ring_loader(dataset, 3, pool=6, hold=hold)
     sampler = loader.batch_sampler.sampler
     loader.batch_sampler.set_epochs(0, 3)
     decoded = 0
@@ -60,7 +60,7 @@ def test_ring_batches_are_the_decoded_stores_render_of_the_same_plans(tmp_path, 
         pool = np.asarray(order[max(0, position + len(keys) - 6) : position + len(keys)])
         host = loader.host_part(keys)
         decoded += len(host[2].jpegs) + len(host[2].decoded)
-        got = loader.device_part(*host)
+        got = loader.device_part(*loader.decode_part(host))
         plan = dataset.plan(epoch, indices, pool)
         partners = plan.tiles[:, 1:, 0]
         assert np.isin(partners[partners >= 0], pool).all()
@@ -83,7 +83,7 @@ def test_a_ring_loader_resumed_mid_epoch_gives_the_rest_of_the_uninterrupted_epo
     dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(mosaic=1.0), seed=1)
     runs = []
     for start in (0, 6):  # 3 batches of 2 done
-        loader = ring_loader(dataset, 2, slots=8, seed=1)
+        loader = ring_loader(dataset, 2, pool=8, seed=1)
         loader.batch_sampler.set_epochs(1, 2, start=start)
         runs.append(list(loader))
     whole, resumed = runs
@@ -91,6 +91,48 @@ def test_a_ring_loader_resumed_mid_epoch_gives_the_rest_of_the_uninterrupted_epo
     for a, b in zip(whole[3:], resumed, strict=True):
         assert torch.equal(a["image_ids"], b["image_ids"]) and torch.equal(a["boxes"], b["boxes"])
         assert torch.equal(a["images"], b["images"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding stream is a CUDA stream")
+def test_batches_decoded_ahead_on_their_own_thread_and_stream_are_those_decoded_in_line(
+    tmp_path, monkeypatch
+):
+    """On a GPU the ring loader decodes up to ``DECODE_AHEAD`` batches ahead on a thread and a
+    stream of its own. Each render is slowed on the device (its stream sleeps first) and the
+    training stream lags behind every batch: a decode that wrote a slot before the render that
+    reads it was done, or a render that read a slot before its decode ended, would change
+    the pixels. The pool is a single batch, so every slot is written again two batches on.
+    Compared with a second ring loader over the same files and seed, every part on one
+    thread and one stream."""
+    from falconet.data import gpu_loader
+
+    samples = photos(tmp_path / "img", count=24)
+    dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(mosaic=1.0), seed=4)
+    cuda = torch.device("cuda")
+
+    def loader():
+        files = EncodedFiles([s.image for s in samples], hold=True)
+        files.start_filling()
+        return GpuLoader(dataset, DecodedRing(samples, files, SIZE, cuda, 4, 4), 4, seed=4)
+
+    in_line, ahead = loader(), loader()
+    in_line.batch_sampler.set_epochs(0, 3)
+    expected = [in_line.batch(keys)["images"].clone() for keys in in_line.batch_sampler]
+    slow = gpu_loader.render
+
+    def slow_render(*args, **kwargs):
+        torch.cuda._sleep(3_000_000)  # on the rendering stream, before it reads the ring
+        return slow(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_loader, "render", slow_render)
+    ahead.batch_sampler.set_epochs(0, 3)
+    got = []
+    for batch in ahead:
+        torch.cuda._sleep(2_000_000)  # the training stream behind the loader
+        got.append(batch["images"].clone())
+    assert len(got) == len(expected) == 18
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
 
 
 def cpu_jpeg_decoder(data: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -114,7 +156,7 @@ def test_files_the_gpu_decoder_refuses_go_to_the_cpu_and_lost_files_train_grey(t
     samples[5].image.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg any more")
     cfg = AugmentConfig(mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0, hsv_s=0, hsv_v=0, fliplr=0)
     dataset = DetectionDataset(samples, SIZE, augment=cfg, seed=2)
-    loader = ring_loader(dataset, 4, slots=8, hold=False, decode_jpegs=cpu_jpeg_decoder)
+    loader = ring_loader(dataset, 4, pool=8, hold=False, decode_jpegs=cpu_jpeg_decoder)
     loader.batch_sampler.set_epochs(0, 4)
     with caplog.at_level(logging.INFO, logger="falconet.data"):
         batches = list(loader)
@@ -190,11 +232,13 @@ def test_cache_auto_takes_the_first_tier_that_fits(decoded, encoded, gpu_free, h
     assert "118287 images" in footing.describe()
 
 
-def test_the_ring_holds_four_batches_at_least_and_no_more_than_the_images():
-    assert ring_slots(16, 118_287) == 1024
-    assert ring_slots(512, 118_287) == 2048
-    assert ring_slots(16, 300) == 300
-    assert ring_slots(64, 40) == 64  # a batch is always decoded whole
+def test_the_pool_holds_four_batches_at_least_and_no_more_than_the_images():
+    assert ring_pool(16, 118_287) == 1024
+    assert ring_pool(512, 118_287) == 2048
+    assert ring_pool(16, 300) == 300
+    assert ring_pool(64, 40) == 64  # a batch is always decoded whole
+    # and the ring, the batches decoded ahead beside the pool
+    assert ring_slots(16, 118_287) == 1024 + DECODE_AHEAD * 16
 
 
 def test_cache_auto_logs_its_numbers_and_takes_encoded_then_stream(tmp_path, monkeypatch, caplog):

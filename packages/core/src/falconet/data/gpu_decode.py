@@ -2,16 +2,24 @@
 files' bytes (:mod:`falconet.data.encoded_store`) into a ring of decoded slots, which the
 batch render reads as it reads the decoded store of ``cache=gpu``.
 
-**The ring.** ``slots`` images decoded at long side ``imgsz`` in ``imgsz x imgsz x 3`` slots
-(:data:`MOSAIC_POOL` of them: 1.2 GiB at 640 px). The image at position ``p`` of an epoch's
-order is decoded into slot ``p mod slots`` when its batch comes, so every image is decoded once
-an epoch, not four times (a mosaic shows four images). A mosaic's three partners are drawn from
-the images the ring holds: the ``slots`` positions of the epoch's order up to the batch's last,
-as Ultralytics draws them from its buffer of recently loaded images. The pool is a function of
-the epoch's order and the batch's position, so the draws are the same whatever resumes (a
-resumed run decodes the partners its first batch needs). The planning thread keeps which
-``(epoch, index)`` each slot will hold once the batches planned so far are decoded; a batch
-decodes only what its plan needs and the ring does not hold.
+**The ring.** ``slots`` images decoded at long side ``imgsz`` in ``imgsz x imgsz x 3`` slots:
+a pool of :data:`MOSAIC_POOL` (at least four batches) and :data:`DECODE_AHEAD` batches more.
+The image at position ``p`` of an epoch's order is decoded into slot ``(epoch * n + p) mod
+slots`` (``n`` images an epoch: the positions run on across epochs) when its batch comes, so
+every image is decoded once an epoch, not four times (a mosaic shows four images). A mosaic's
+three partners are drawn from the pool: the ``pool`` positions of the epoch's order up to the
+batch's last, as Ultralytics draws them from its buffer of recently loaded images. The pool is
+a function of the epoch's order and the batch's position, so the draws are the same whatever
+resumes (a resumed run decodes the partners its first batch needs). The planning thread keeps
+which ``(epoch, index)`` each slot will hold once the batches planned so far are decoded; a
+batch decodes only what its plan needs and the ring does not hold.
+
+**Decoding ahead.** The loader decodes on a thread and a stream of its own
+(:class:`~falconet.data.gpu_loader.GpuLoader`), up to :data:`DECODE_AHEAD` batches ahead of the
+batch it renders, so the training loop's thread never waits for a decode. The slots beyond the
+pool are what makes that safe: a batch decoded ``DECODE_AHEAD`` ahead writes only slots that no
+pool of the batches between is drawn from, and it waits on the device for the render of the
+batch before those.
 
 **Decoders.** nvJPEG decodes the JPEG files stored upright (``torchvision.io.decode_jpeg`` on
 the device, the batch in one call; on A100, H100 and H200 torchvision takes the hardware JPEG
@@ -49,8 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("falconet.data")
 
 MOSAIC_POOL = 1024
-"""Decoded slots of the ring, the images mosaic partners are drawn from (module docstring);
-a ring holds at least four batches."""
+"""The images mosaic partners are drawn from, the last decoded (module docstring); a pool
+holds at least four batches."""
+
+DECODE_AHEAD = 2
+"""Batches the decoding may run ahead of the batch being rendered (module docstring)."""
 
 READERS = 8
 """Threads that read (``cache=stream``) and CPU-decode a batch's files."""
@@ -60,10 +71,15 @@ JpegDecoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 raises ``RuntimeError`` where it refuses one of them."""
 
 
-def ring_slots(batch: int, count: int, slots: int = MOSAIC_POOL) -> int:
-    """The ring's slots for batches of ``batch`` over ``count`` images: :data:`MOSAIC_POOL`,
-    at least four batches, at most the images there are."""
-    return max(min(max(slots, 4 * batch), count), batch, 1)
+def ring_pool(batch: int, count: int, pool: int = MOSAIC_POOL) -> int:
+    """The partner pool for batches of ``batch`` over ``count`` images: :data:`MOSAIC_POOL`,
+    at least four batches, at most the images there are, never less than a batch."""
+    return max(min(max(pool, 4 * batch), count), batch, 1)
+
+
+def ring_slots(batch: int, count: int, pool: int = MOSAIC_POOL) -> int:
+    """The ring's slots: the pool and :data:`DECODE_AHEAD` batches."""
+    return ring_pool(batch, count, pool) + DECODE_AHEAD * batch
 
 
 def ring_bytes(slots: int, size: int) -> int:
@@ -82,7 +98,8 @@ class Fetched:
 
 class DecodedRing:
     """The ring of a decoding loader (module docstring) over ``samples`` (the dataset's, in its
-    order) and their ``files``, on ``device``."""
+    order) and their ``files``, on ``device``: partners drawn from the last ``pool`` images,
+    batches of ``batch`` decoded up to :data:`DECODE_AHEAD` ahead."""
 
     def __init__(
         self,
@@ -90,14 +107,18 @@ class DecodedRing:
         files: EncodedFiles,
         size: int,
         device: torch.device,
-        slots: int,
+        pool: int,
+        batch: int,
         *,
         decode_jpegs: JpegDecoder | None = None,
     ) -> None:
         if len(files) != len(samples):
             raise ValueError(f"{len(files)} files for {len(samples)} samples")
+        if pool < batch:
+            raise ValueError(f"a pool of {pool} images for batches of {batch}: at least a batch")
         self.samples, self.files, self.size, self.device = samples, files, size, device
-        self.slots = slots
+        self.pool_size, self.batch = pool, batch
+        slots = self.slots = pool + DECODE_AHEAD * batch
         self.pixels = torch.zeros(slots, size, size, 3, dtype=torch.uint8, device=device)
         self.shapes = [resized_shape(s, size) for s in samples]
         self.store = ImageStore(self.pixels, [(0, 0)] * slots)
@@ -126,15 +147,18 @@ class DecodedRing:
         return self._orders[epoch]
 
     def pool(self, order: np.ndarray, position: int, batch: int) -> np.ndarray:
-        """The indices the ring holds once the batch at ``position`` is decoded."""
-        return order[max(0, position + batch - self.slots) : position + batch]
+        """The partners' pool of the batch at ``position``: the last images of the epoch's
+        order decoded with it."""
+        return order[max(0, position + batch - self.pool_size) : position + batch]
 
     def prepare(self, epoch: int, where: np.ndarray, plan: BatchPlan) -> tuple[BatchPlan, Fetched]:
         """On the planning thread: ``plan`` with its tiles' images as ring slots, and the
         images to decode for it, being read."""
         images = plan.tiles[:, :, 0]
         present = images >= 0
-        slot_of = np.where(present, where[np.where(present, images, 0)] % self.slots, -1)
+        offset = epoch * len(where)  # the positions run on across epochs (module docstring)
+        at = where[np.where(present, images, 0)] + offset
+        slot_of = np.where(present, at % self.slots, -1)
         fetched = Fetched()
         pairs = zip(images[present].tolist(), slot_of[present].tolist(), strict=True)
         for index, slot in dict.fromkeys(pairs):
@@ -156,8 +180,8 @@ class DecodedRing:
             return exc
 
     def decode(self, fetched: Fetched) -> ImageStore:
-        """On the loop's thread, on the current stream: the fetched images decoded into their
-        slots; the ring as a store for the render."""
+        """On the decoding thread, on its stream: the fetched images decoded into their slots;
+        the ring as a store for the render."""
         jpegs = []
         for index, slot, read in fetched.jpegs:
             try:
@@ -230,8 +254,10 @@ class DecodedRing:
 def nvjpeg_decoder(device: torch.device) -> JpegDecoder | None:
     """nvJPEG through torchvision on a CUDA ``device``; ``None`` off CUDA or without
     torchvision (then the CPU decodes). Before each call the host waits for the current
-    stream's work: torchvision allocates its outputs on the caller's stream and writes them on
-    a stream of its own (:func:`falconet.data.gpu_cache.fill_store` does the same)."""
+    stream's work (the decoding thread's own stream, so the wait holds up only that thread):
+    torchvision allocates its outputs on the caller's stream and writes them on a stream of its
+    own, so a block freed by work still queued there could be written early
+    (:func:`falconet.data.gpu_cache.fill_store` does the same)."""
     if device.type != "cuda" or gpu_decoder() is None:
         return None
     from torchvision.io import ImageReadMode, decode_jpeg

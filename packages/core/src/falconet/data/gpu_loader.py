@@ -20,8 +20,14 @@ read on the host anyway, to pick a recording, and the numbers are then the CPU p
 The images come from the decoded store of ``cache=gpu`` (an :class:`ImageStore`) or, for
 ``cache=encoded`` and ``cache=stream``, from a :class:`~falconet.data.gpu_decode.DecodedRing`:
 then the host thread also draws the mosaic partners from the ring's pool and starts reading the
-files the batch needs, and the loop's thread decodes them into the ring (nvJPEG, on the
-loader's stream) just before it renders the batch.
+files the batch needs, and a decoding thread decodes them into the ring (nvJPEG, on a stream of
+its own) up to :data:`~falconet.data.gpu_decode.DECODE_AHEAD` batches ahead of the rendering.
+torchvision's nvJPEG call returns only once its decode is done, so on the loop's thread it
+would hold back the launch of the next step (GPU busy 0.886 against the step's 0.966 at batch
+64, docs/lab/2026-12-07-data-at-scale.md); on a thread of its own the wait overlaps the step.
+A batch's render waits for its decode by an event, and a decode waits on the device for the
+render of the batch :data:`DECODE_AHEAD` before it (the slots it writes are not read by the
+batches between).
 """
 
 from __future__ import annotations
@@ -29,14 +35,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from typing import Any
 
 import torch
 
 from falconet.data.gpu_augment import ImageStore, PlanTensors, pinned, render
-from falconet.data.gpu_decode import DecodedRing, Fetched
+from falconet.data.gpu_decode import DECODE_AHEAD, DecodedRing, Fetched
 from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
 from falconet.data.sampler import EpochBatchSampler, EpochSampler
 
@@ -109,37 +115,93 @@ class GpuLoader:
             targets = {k: pinned(v) for k, v in targets.items()}
         return PlanTensors.from_plan(plan, pin=pin), targets, fetched
 
+    def decode_part(
+        self,
+        host: tuple[PlanTensors, dict[str, Any], Fetched | None],
+        stream: torch.cuda.Stream | None = None,
+        after: torch.cuda.Event | None = None,
+    ) -> tuple[PlanTensors, dict[str, Any], ImageStore, torch.cuda.Event | None]:
+        """On the decoding thread (ring) or the loop's: the batch's files (``host_part``'s)
+        decoded into the ring on ``stream`` once the render recorded by ``after`` is done on
+        the device; the plan, the targets, the store to render from, and the event the render
+        waits for."""
+        plan, targets, fetched = host
+        if fetched is None:
+            return plan, targets, self.store, None
+        if stream is None:
+            return plan, targets, self.ring.decode(fetched), None
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            store = self.ring.decode(fetched)
+            return plan, targets, store, stream.record_event()
+
     def device_part(
-        self, plan: PlanTensors, targets: dict[str, Any], fetched: Fetched | None = None
+        self,
+        plan: PlanTensors,
+        targets: dict[str, Any],
+        store: ImageStore,
+        decoded: torch.cuda.Event | None = None,
     ) -> dict[str, Any]:
-        """The batch with its images rendered on the device (on the current stream), after
-        its files are decoded into the ring where it has one."""
-        store = self.store if fetched is None else self.ring.decode(fetched)
+        """The batch with its images rendered from ``store`` on the device (on the current
+        stream, after ``decoded``)."""
+        if decoded is not None:
+            torch.cuda.current_stream(self.device).wait_event(decoded)
         plan = plan.to(self.device)
         return {"images": render(store, plan, self.dataset.imgsz), **targets}
+
+    def batch(self, keys: list[tuple[int, int]]) -> dict[str, Any]:
+        """One batch of ``(epoch, index)`` keys, every part on this thread (tests, tools)."""
+        return self.device_part(*self.decode_part(self.host_part(keys)))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         keys = iter(self.batch_sampler)
         # on a GPU, each batch is rendered on a stream of its own one batch ahead, before the
         # previous batch is handed over: its kernels run beside that batch's training step
         # instead of in line with it
-        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        with ThreadPoolExecutor(1, thread_name_prefix="falconet-plans") as pool:
-            # the host thread works PLANS_AHEAD batches ahead of the rendering: a plan that
+        cuda = self.device.type == "cuda"
+        side = torch.cuda.Stream(self.device) if cuda else None
+        stream = torch.cuda.Stream(self.device) if cuda and self.ring is not None else None
+        ahead = DECODE_AHEAD if self.ring is not None else 0
+        with (
+            ThreadPoolExecutor(1, thread_name_prefix="falconet-plans") as plans,
+            ThreadPoolExecutor(1, thread_name_prefix="falconet-decode") as decoder,
+        ):
+            # the host thread works PLANS_AHEAD batches ahead of the decoding: a plan that
             # took longer (the GIL held by the loop or a checkpoint's writer) is absorbed
             # instead of waited for
-            planned = deque(pool.submit(self.host_part, k) for k in islice(keys, PLANS_AHEAD))
-            rendered: tuple[dict[str, Any], torch.cuda.Event | None] | None = None
-            while planned:
-                host = planned.popleft().result()
+            planned = deque(plans.submit(self.host_part, k) for k in islice(keys, PLANS_AHEAD))
+            decoding: deque[Future] = deque()
+
+            def decode_next(after: torch.cuda.Event | None) -> None:
+                if not planned:
+                    return
+                host = planned.popleft()
                 following = next(keys, None)
                 if following is not None:
-                    planned.append(pool.submit(self.host_part, following))
+                    planned.append(plans.submit(self.host_part, following))
+                if self.ring is None:  # nothing to decode: the loop's thread takes the plan
+                    decoding.append(host)
+                else:
+                    decoding.append(
+                        decoder.submit(lambda: self.decode_part(host.result(), stream, after))
+                    )
+
+            for _ in range(ahead + 1):
+                decode_next(None)
+            rendered: tuple[dict[str, Any], torch.cuda.Event | None] | None = None
+            while decoding:
+                parts = decoding.popleft().result()
+                if self.ring is None:
+                    parts = self.decode_part(parts)
                 if side is None:
-                    batch, done = self.device_part(*host), None
+                    batch, done = self.device_part(*parts), None
                 else:
                     with torch.cuda.stream(side):
-                        batch, done = self.device_part(*host), side.record_event()
+                        batch, done = self.device_part(*parts), side.record_event()
+                # the batch decoded next writes slots no pool of the batches between draws
+                # from, and waits on the device for this render
+                decode_next(done)
                 if rendered is not None:
                     yield handed_over(*rendered)
                 rendered = batch, done

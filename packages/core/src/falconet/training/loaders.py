@@ -13,7 +13,7 @@ import torch
 from falconet.data import gpu_render
 from falconet.data.encoded_store import EncodedFiles, file_sizes
 from falconet.data.gpu_cache import Filled, fill_store, gpu_decoder, store_bytes
-from falconet.data.gpu_decode import DecodedRing, ring_bytes, ring_slots
+from falconet.data.gpu_decode import DecodedRing, ring_bytes, ring_pool, ring_slots
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import CACHE_MODES, DetectionDataset, build_loader
 from falconet.data.records import Dataset, Sample
@@ -219,15 +219,15 @@ def build_loaders(
 
 def ring(cfg: TrainConfig, encoded: Encoded, device: torch.device, batch: int) -> DecodedRing:
     """The ring ``cache=encoded`` and ``stream`` decode into, its size logged."""
-    slots = ring_slots(batch, len(encoded.samples))
+    pool = ring_pool(batch, len(encoded.samples))
     log.info(
         "cache=%s: mosaic partners from the %d images decoded last, a ring of %.2f GiB on %s",
         cfg.cache,
-        slots,
-        ring_bytes(slots, cfg.imgsz) / 2**30,
+        pool,
+        ring_bytes(ring_slots(batch, len(encoded.samples)), cfg.imgsz) / 2**30,
         device,
     )
-    return DecodedRing(encoded.samples, encoded.files, cfg.imgsz, device, slots)
+    return DecodedRing(encoded.samples, encoded.files, cfg.imgsz, device, pool, batch)
 
 
 def build_val_loader(
