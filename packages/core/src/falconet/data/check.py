@@ -3,7 +3,9 @@
 Image inspection (a full decode) and label parsing are cached per file under the cache folder,
 keyed by path, size and modification time: a second run over unchanged data reads one JSON
 file instead of decoding every image. The cache is written atomically and never inside the
-dataset. A file that changed is checked again; nothing else is.
+dataset. A file that changed is checked again; nothing else is. A YOLO split whose files all
+stand as they were is taken whole from its snapshot (:mod:`falconet.data.split_snapshot`),
+without the per-file results.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from falconet.data.images import ORIENTED, ImageInfo, inspect_image
 from falconet.data.labels import parse_yolo_labels
 from falconet.data.records import Problem, Sample, Split
+from falconet.data.split_snapshot import load_snapshot, save_snapshot, snapshot_key
 from falconet.paths import cache_dir
 
 CACHE_VERSION = 1
@@ -149,6 +152,12 @@ def check_split(
     workers: int | None = None,
 ) -> Split:
     """Check ``candidates`` and return the usable samples with every problem found."""
+    snapshot = None
+    if all(c.targets is None for c in candidates):  # YOLO: every target is in a file
+        snapshot = snapshot_key(candidates, num_classes, f"{cache_key}|{name}")
+        split = load_snapshot(snapshot, name, candidates)
+        if split is not None:
+            return split
     cache = _Cache(f"{cache_key}|{name}")
 
     def check(
@@ -207,4 +216,7 @@ def check_split(
     cache.save()
     samples = [s for s, _ in results if s is not None]
     problems = [p for _, ps in results for p in ps]
-    return Split(name, samples, problems, len(candidates))
+    split = Split(name, samples, problems, len(candidates))
+    if snapshot is not None:
+        save_snapshot(snapshot, split, candidates)
+    return split
