@@ -4,8 +4,9 @@
 # sets live in /tmp/scale, so the parts after the first need the same warm machine.
 #   part=a  the 118k-image set (tools/make_scale_set.py from COCO128), its dataset check, and the
 #           loader alone per tier (tools/bench_data.py --tiers)
-#   part=b  on the 118k set, per batch: the isolated step, end to end with cache=encoded, and
-#           Ultralytics on its first ${ultra:-8000} images (tools/bench_scale.py)
+#   part=b  on the 118k set: the GPU tests of the decoding loader first, then per batch the
+#           isolated step, end to end with cache=encoded, and Ultralytics on its first
+#           ${ultra:-8000} images (tools/bench_scale.py; ultra=0 leaves it out)
 #   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
 #   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
 #           end to end at batch 64, then stream again with the page cache dropped
@@ -37,6 +38,9 @@ if [[ $part == a ]]; then
     --out "$OUT/a-loader-tiers.json" > "$OUT/a-loader-tiers.log" 2>&1
   echo "loader rc=$? seconds=$SECONDS" | tee -a "$OUT/a-loader-tiers.log"
 elif [[ $part == b ]]; then
+  timeout 120 python -m pytest -q -p no:cacheprovider packages/core/tests/test_gpu_decode.py \
+    packages/core/tests/test_gpu_data.py > "$OUT/b-gpu-tests.log" 2>&1
+  echo "gpu tests rc=$?" | tee -a "$OUT/b-gpu-tests.log"; tail -3 "$OUT/b-gpu-tests.log"
   python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches ${caches:-encoded} \
     --batch ${batches:-16,64} --span ${span:-300,1500} --ultralytics-images ${ultra:-8000} \
     --out "$OUT/b-scale-118k.json" 2>&1 | tee "$OUT/b-scale-118k.log" | grep -v '^{'

@@ -62,3 +62,18 @@ def test_a_changed_label_file_is_read_again(tmp_path):
     sample = next(s for s in again.splits["train"].samples if s.image.stem == label.stem)
     assert sample.labels.tolist() == [0]
     assert np.allclose(sample.boxes, [[0.4, 0.4, 0.6, 0.6]])
+
+
+def test_a_yaml_combining_folders_checked_before_decodes_none_of_their_images(
+    tmp_path, monkeypatch
+):
+    """The per-file results are kept per image folder, not per yaml: a second yaml over the
+    same folder (or several) checks nothing again."""
+    data = write_shapes(tmp_path / "shapes", {"train": 5}, size=64)
+    load_dataset(data, splits=("train",))
+    other = tmp_path / "shapes" / "again.yaml"
+    other.write_text(data.read_text())
+    checked = []
+    monkeypatch.setattr(check, "inspect_image", lambda path: checked.append(path))
+    again = load_dataset(other, splits=("train",))
+    assert checked == [] and len(again.splits["train"].samples) == 5

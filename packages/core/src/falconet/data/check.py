@@ -1,11 +1,12 @@
 """Check every image and label of a split once, in parallel, with a cache for the next run.
 
 Image inspection (a full decode) and label parsing are cached per file under the cache folder,
-keyed by path, size and modification time: a second run over unchanged data reads one JSON
-file instead of decoding every image. The cache is written atomically and never inside the
-dataset. A file that changed is checked again; nothing else is. A YOLO split whose files all
-stand as they were is taken whole from its snapshot (:mod:`falconet.data.split_snapshot`),
-without the per-file results.
+keyed by path, size and modification time, in one JSON file per image folder (so a yaml that
+combines folders checked before, or a list file of some of their images, finds them checked):
+a second run over unchanged data reads that file instead of decoding every image. The cache
+is written atomically and never inside the dataset. A file that changed is checked again;
+nothing else is. A YOLO split whose files all stand as they were is taken whole from its
+snapshot (:mod:`falconet.data.split_snapshot`), without the per-file results.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _fingerprint(path: Path) -> str | None:
 
 
 class _Cache:
-    """Per-file results of earlier checks, in one JSON file per split."""
+    """Per-file results of earlier checks of one image folder's files, in one JSON file."""
 
     def __init__(self, key: str) -> None:
         digest = hashlib.sha1(key.encode()).hexdigest()[:16]
@@ -158,11 +159,13 @@ def check_split(
         split = load_snapshot(snapshot, name, candidates)
         if split is not None:
             return split
-    cache = _Cache(f"{cache_key}|{name}")
+    folders = {candidate.image.parent for candidate in candidates}
+    caches = {folder: _Cache(str(folder)) for folder in folders}
 
     def check(
         candidate: Candidate, cached_only: bool = False
     ) -> tuple[Sample | None, list[Problem]]:
+        cache = caches[candidate.image.parent]
         info, problems = _image(cache, candidate.image, cached_only)
         if info is None:
             return None, problems
@@ -213,7 +216,8 @@ def check_split(
                 missing, pool.map(check, [candidates[i] for i in missing]), strict=True
             ):
                 results[i] = result
-    cache.save()
+    for cache in caches.values():
+        cache.save()
     samples = [s for s, _ in results if s is not None]
     problems = [p for _, ps in results for p in ps]
     split = Split(name, samples, problems, len(candidates))
