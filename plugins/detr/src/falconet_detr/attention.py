@@ -1,7 +1,10 @@
 """The two attentions of the DETR family, every projection an ``nn.Linear`` (so a precision
 backend can swap them, e.g. for FP8, which ``nn.MultiheadAttention``'s fused weight prevents).
 
-* :class:`Attention`: multi-head attention through ``scaled_dot_product_attention``.
+* :class:`Attention`: multi-head attention through ``scaled_dot_product_attention``; with
+  ``groups``, attention within each of that many blocks of the queries alone (the
+  block-diagonal mask of Group DETR, run as the blocks folded into the batch: no mask tensor,
+  and ``groups`` times fewer products than the masked square).
 * :class:`DeformableAttention`: multi-scale deformable attention (Deformable DETR): each query
   samples ``points`` locations per head and level around its reference box, at offsets and with
   weights it predicts, from the levels' value maps by ``grid_sample`` (bilinear, zeros outside);
@@ -31,9 +34,18 @@ class Attention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
+        groups: int = 1,
     ) -> torch.Tensor:
-        """``[B, T, D]`` each; ``mask [B, 1, T, S]`` bool, True where a query may attend."""
+        """``[B, T, D]`` each; ``mask [B, 1, T, S]`` bool, True where a query may attend;
+        ``groups``: query ``i`` attends to the keys of its own block alone, the blocks being
+        ``groups`` equal consecutive runs of the queries and of the keys (``T`` and ``S``
+        divisible by it; no ``mask`` beside it)."""
         b, t, d = query.shape
+        if groups > 1:
+            if mask is not None:
+                raise ValueError("Attention: a mask and query groups together are not supported")
+            folded = [x.reshape(b * groups, x.shape[1] // groups, d) for x in (query, key, value)]
+            return self.forward(*folded).reshape(b, t, d)
 
         def split(x: torch.Tensor) -> torch.Tensor:
             return x.view(b, -1, self.heads, d // self.heads).transpose(1, 2)

@@ -1,6 +1,7 @@
 """The decoder: queries refined layer by layer, each layer's box a correction of the last.
 
-Per layer: self-attention among the queries (with an optional mask: the denoising groups'),
+Per layer: self-attention among the queries (with an optional mask: the denoising groups';
+or within each query group alone: Group DETR's groups),
 deformable cross-attention into the encoder's levels around each query's reference box, a
 feed-forward block; then a class head and a box head per layer (the auxiliary losses read every
 layer's). The next layer's reference is this layer's box, detached, so each layer learns a
@@ -44,9 +45,9 @@ class DecoderLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, ffn), nn.ReLU(inplace=True), nn.Linear(ffn, dim))
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(3))
 
-    def forward(self, x, pos, reference, memory, shapes, mask=None):
+    def forward(self, x, pos, reference, memory, shapes, mask=None, groups=1):
         q = x + pos
-        x = self.norms[0](x + self.attn(q, q, x, mask))
+        x = self.norms[0](x + self.attn(q, q, x, mask, groups))
         x = self.norms[1](x + self.cross(x + pos, reference, memory, shapes))
         return self.norms[2](x + self.ffn(x))
 
@@ -75,14 +76,17 @@ class Decoder(nn.Module):
         memory: torch.Tensor,
         shapes: tuple[tuple[int, int], ...],
         mask: torch.Tensor | None = None,
+        groups: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``queries [B, Q, D]``, ``reference_logits [B, Q, 4]`` (boxes before the sigmoid),
         ``memory [B, S, D]``: every layer's class logits ``[L, B, Q, C]`` and boxes ``[L, B, Q,
-        4]`` ``(cx, cy, w, h)`` in ``[0, 1]``."""
+        4]`` ``(cx, cy, w, h)`` in ``[0, 1]``. ``groups``: the queries are that many equal
+        blocks, group after group, whose self-attention stays within its own block (only the
+        self-attention relates queries, so the groups are independent decoders' inputs)."""
         reference = reference_logits.sigmoid()
         x, logits, boxes = queries, [], []
         for layer, score, box in zip(self.layers, self.scores, self.boxes, strict=True):
-            x = layer(x, self.query_pos(reference), reference, memory, shapes, mask)
+            x = layer(x, self.query_pos(reference), reference, memory, shapes, mask, groups)
             refined = (box(x) + inverse_sigmoid(reference)).sigmoid()
             logits.append(score(x))
             boxes.append(refined)

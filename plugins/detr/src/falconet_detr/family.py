@@ -9,21 +9,35 @@ from falconet.interfaces import Assigner
 
 
 class DetrFamily:
-    """RT-DETR-style detectors: ``detr-n``, ``detr-s`` (docs/models.md has their sizes)."""
+    """RT-DETR-style detectors: ``detr-n``, ``detr-s`` (docs/models.md has their sizes).
+
+    ``query_groups``: the decoder's query groups in training (the ``query_groups`` key,
+    :mod:`falconet_detr.keys`; a run's family is :meth:`configure`'d with the run's keys)."""
 
     name = "detr"
     summary = "RT-DETR-style: hybrid encoder, deformable decoder, denoising (falconet-detr)"
     models = ("detr-n", "detr-s")
     priority = 0  # the default model only where no family of higher priority is installed
 
+    def __init__(self, query_groups: int = 1) -> None:
+        self.query_groups = query_groups
+
+    def configure(self, options: Mapping[str, Any]) -> DetrFamily:
+        """The family for a run of ``options`` (the run's resolved keys): its own keys read."""
+        from falconet.interfaces import validated_keys
+        from falconet_detr.keys import DetrKeys
+
+        return DetrFamily(validated_keys(options, DetrKeys).query_groups)
+
     def build_model(self, model: str, num_classes: int):  # -> DetrNet
         from falconet_detr.network import SCALES, DetrNet
 
         if model not in SCALES:
             raise ValueError(f"model={model}: the detr family has {', '.join(SCALES)}")
-        return DetrNet(SCALES[model], num_classes)
+        return DetrNet(SCALES[model], num_classes, self.query_groups)
 
     def build_loss(self, model: Any, assigner: Assigner):  # -> DetrLoss
+        """The loss matches each of ``model``'s query groups on its own (its ``query_groups``)."""
         from falconet_detr.loss import DetrLoss
 
         return DetrLoss(model, assigner)
@@ -59,6 +73,9 @@ class DetrFamily:
             "nbs": 16,
             "amp_dtype": "auto",
             "assigner": "hungarian",
+            # one query set: Group DETR's groups (RF-DETR and LW-DETR train 13) are a key,
+            # off until the overfit check has measured them (docs/models.md, ablation pending)
+            "query_groups": 1,
         }
 
     def static_loss(self, assigner: str) -> bool:

@@ -10,6 +10,12 @@ matrices and counts copied to the host once. One matching of the last layer serv
 depth (query ``i`` of every layer is one query refined) learned far more slowly on the overfit
 check (docs/models.md). The denoising queries need no matching (each knows its target).
 
+Query groups (Group DETR; the model's ``query_groups`` G): every depth's G query sets are
+matched to the boxes each on its own, one-to-one, so a box has G positives a depth; the groups
+are stacked into the batch dimension with the depths, still one assigner call, and each
+group's terms are averaged over the groups (the papers' normalisation: the one-to-one terms
+weigh what one group's would). With G = 1 the loss is the one-group loss bit for bit.
+
 Every term is a sum over queries divided by the global batch's box count (summed over the
 ranks, :func:`falconet.ops.rank_sum`, and shared per rank as the YOLO loss does), the
 denoising terms by that count times the denoising groups (each group holds every box once);
@@ -46,6 +52,7 @@ class DetrLoss:
         groups: int = DENOISING_GROUPS,
     ) -> None:
         self.model, self.assigner, self.groups = model, assigner, groups
+        self.query_groups = model.query_groups
         self.weights = dict(WEIGHTS, **(weights or {}))
 
     def __call__(
@@ -60,22 +67,27 @@ class DetrLoss:
     def _loss(self, outputs: DetrOutputs, targets: Targets, dn, denoised):
         scale = outputs.scale
         logits, boxes = outputs.logits.float(), outputs.boxes.float()
-        depths, batch, queries = logits.shape[:3]
-        # the decoder's layers and the proposals, one matching problem each: [depths + 1, B, Q]
-        all_logits = torch.cat((logits, outputs.enc_logits.float()[None])).detach()
-        all_boxes = torch.cat((boxes, outputs.enc_boxes.float()[None])).detach()
+        depths, batch, grouped = logits.shape[:3]
+        groups = self.query_groups
+        queries = grouped // groups
+        # the decoder's layers and the proposals, each query group of each one matching
+        # problem: [depths + 1, G, B, Q] stacked depth after depth, group after group
+        all_logits = by_group(torch.cat((logits, outputs.enc_logits.float()[None])), groups)
+        all_boxes = by_group(torch.cat((boxes, outputs.enc_boxes.float()[None])), groups)
+        all_logits, all_boxes = all_logits.detach(), all_boxes.detach()
         predictions = Predictions(
-            all_logits.sigmoid().flatten(0, 1),
-            cxcywh_to_xyxy(all_boxes).flatten(0, 1) * scale,
+            all_logits.sigmoid().flatten(0, 2),
+            cxcywh_to_xyxy(all_boxes).flatten(0, 2) * scale,
             # queries have no spatial anchor: the image's centre, so the assigner's image extent
             # (twice the largest anchor coordinate) is the input's long side
             (scale[:2].max() / 2).expand(queries, 2),
             torch.ones(queries, 1, device=scale.device),
         )
-        matched = self.assigner(predictions, stacked_targets(targets, depths + 1))
-        shape = (depths + 1, batch, queries)
-        labels, foreground = matched.labels.view(shape), matched.foreground.view(shape)
-        target_boxes = xyxy_to_cxcywh(matched.boxes.view(*shape, 4) / scale)
+        matched = self.assigner(predictions, stacked_targets(targets, (depths + 1) * groups))
+        shape = (depths + 1, groups, batch, queries)
+        labels = from_groups(matched.labels.view(shape))
+        foreground = from_groups(matched.foreground.view(shape))
+        target_boxes = xyxy_to_cxcywh(from_groups(matched.boxes.view(*shape, 4)) / scale)
         everything = torch.ones_like(foreground)
         norm = ops.rank_sum(targets.counts.sum().float()).clamp(min=1.0)
         if (ranks := ops.world_size()) > 1:
@@ -105,13 +117,14 @@ class DetrLoss:
             ),
         )
         matched, proposals, denoising = terms
+        one_to_one = {k: matched[k] + proposals[k] for k in WEIGHTS}
+        if groups > 1:  # each group's terms weigh as one set's (Group DETR's average)
+            one_to_one = {k: v / groups for k, v in one_to_one.items()}
         # the denoising queries hold every box once per group: their sums are divided by the
         # box count times the groups (RT-DETR's and DN-DETR's normalisation), so they weigh as
         # one matched set; divided by the box count alone they weighed `groups` times that and
         # were most of the loss and of its gradient at the start (5x the matched terms' share)
-        parts = {
-            k: (matched[k] + proposals[k] + denoising[k] / self.groups) / norm for k in WEIGHTS
-        }
+        parts = {k: (one_to_one[k] + denoising[k] / self.groups) / norm for k in WEIGHTS}
         total = sum(self.weights[k] * v for k, v in parts.items())
         return total, {k: v.detach() for k, v in parts.items()}
 
@@ -129,6 +142,18 @@ class DetrLoss:
         vfl = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
         l1 = ((boxes - target_boxes).abs().sum(-1) * positive).sum()
         return {"vfl": vfl, "l1": l1, "giou": ((1 - giou) * positive).sum()}
+
+
+def by_group(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[D, B, G x Q, ...]`` (the queries group after group) as ``[D, G, B, Q, ...]``."""
+    d, b, grouped = x.shape[:3]
+    return x.view(d, b, groups, grouped // groups, *x.shape[3:]).transpose(1, 2)
+
+
+def from_groups(x: torch.Tensor) -> torch.Tensor:
+    """``[D, G, B, Q, ...]`` back to ``[D, B, G x Q, ...]`` (:func:`by_group`'s inverse)."""
+    d, g, b, q = x.shape[:4]
+    return x.transpose(1, 2).reshape(d, b, g * q, *x.shape[4:])
 
 
 def stacked_targets(targets: Targets, copies: int) -> Targets:

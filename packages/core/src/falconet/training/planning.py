@@ -113,7 +113,17 @@ def plan_run(
     )
     config = build_config(model_keys, *layers)
     check_plugins(config, plugins)
+    family = configured(family, config)
     return Plan(config, family, model_name, start["weights"] if start else None)
+
+
+def configured(family: ModelFamily, config: TrainConfig) -> ModelFamily:
+    """The family a run of ``config`` uses: a family with training keys of its own (registered
+    through ``register_train_keys``) implements ``configure(options) -> ModelFamily``, given
+    the run's resolved keys, and the run builds its network and loss with what it returns
+    (optional: a family without it is used as it is); the core names none of its keys."""
+    configure = getattr(family, "configure", None)
+    return family if configure is None else configure(config.model_dump())
 
 
 def default_model(plugins: Plugins) -> str:
@@ -193,4 +203,5 @@ def _plan_resume(keys: Mapping[str, Any], plugins: Plugins) -> Plan:
     saved["resume"] = str(path)
     config = build_config(config_model(plugins), saved)
     model_name = state["spec"]["model"]
-    return Plan(config, plugins.families.get(model_name), model_name, None, state, path)
+    family = configured(plugins.families.get(model_name), config)
+    return Plan(config, family, model_name, None, state, path)
