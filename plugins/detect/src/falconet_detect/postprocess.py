@@ -49,6 +49,20 @@ def batched_nms(
     return tv_batched_nms(boxes, scores, labels, iou)
 
 
+def decode_outputs(
+    outputs: tuple[torch.Tensor, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The network's raw outputs as every anchor's box ``[B, A, 4]`` (xyxy pixels of the input)
+    and class probabilities ``[B, A, C]``, both float32: the exported graph's outputs
+    (:mod:`falconet_detect.export`). Shape operations only, so a traced graph keeps its batch
+    dimension dynamic."""
+    box_logits, cls_logits, anchors, strides = outputs
+    b, a, _ = box_logits.shape
+    bins = torch.arange(REG_MAX, device=box_logits.device, dtype=torch.float32)
+    distances = box_logits.float().view(b, a, 4, REG_MAX).softmax(-1) @ bins
+    return decode(distances, anchors, strides), cls_logits.float().sigmoid()
+
+
 @torch.no_grad()
 def postprocess(
     outputs: tuple[torch.Tensor, ...],
@@ -61,12 +75,32 @@ def postprocess(
 ) -> list[dict[str, torch.Tensor]]:
     """Detections per image. ``multi_label`` keeps every class above ``conf`` per anchor (for
     evaluation, where it raises recall); otherwise each anchor keeps its best class."""
-    box_logits, cls_logits, anchors, strides = outputs
-    b, a, _ = box_logits.shape
-    bins = torch.arange(REG_MAX, device=box_logits.device, dtype=torch.float32)
-    distances = box_logits.float().view(b, a, 4, REG_MAX).softmax(-1) @ bins
-    all_boxes = decode(distances, anchors, strides)
-    all_scores = cls_logits.float().sigmoid()
+    boxes, scores = decode_outputs(outputs)
+    return select(
+        boxes,
+        scores,
+        conf=conf,
+        iou=iou,
+        max_det=max_det,
+        max_candidates=max_candidates,
+        multi_label=multi_label,
+    )
+
+
+@torch.no_grad()
+def select(
+    all_boxes: torch.Tensor,
+    all_scores: torch.Tensor,
+    *,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    max_candidates: int = 30000,
+    multi_label: bool = False,
+) -> list[dict[str, torch.Tensor]]:
+    """Detections per image from decoded ``boxes [B, A, 4]`` and ``scores [B, A, C]``
+    (:func:`decode_outputs`, or an exported graph's outputs): confidence threshold, the
+    ``max_candidates`` best, class-aware NMS at ``iou``, the ``max_det`` best."""
     results = []
     for boxes, scores in zip(all_boxes, all_scores, strict=True):
         if multi_label:
