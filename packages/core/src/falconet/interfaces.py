@@ -112,6 +112,43 @@ class ModelFamily(Protocol):
 
 
 @dataclass(frozen=True, eq=False)
+class ExportGraph:
+    """A family's trained network made exportable: what ``falconet export`` traces and writes.
+
+    ``module`` (eval mode, float32) maps ``images [B, 3, H, W]`` float32 in ``[0, 1]`` (RGB,
+    letterboxed as ``falconet predict`` does) to two tensors, the graph's outputs in order:
+
+    * ``boxes [B, N, 4]`` float32: each candidate's box, ``xyxy`` in pixels of the input;
+    * ``scores [B, N, C]`` float32: each candidate's class probabilities (after the sigmoid).
+
+    ``N`` depends only on ``H`` and ``W``; the module has no data-dependent Python control flow
+    and its shape arithmetic keeps ``B`` dynamic. ``candidates`` says what one of the ``N`` is
+    (``anchor point``, ``decoder query``) and ``selection`` how detections are chosen from them
+    outside the graph, one line each, for the docs and the file's metadata; ``detections(boxes,
+    scores, *, conf, iou, max_det)`` does that selection on the outputs as torch tensors (the
+    family's :meth:`ModelFamily.postprocess` result). ``min_opset``: the oldest ONNX opset that
+    has every operator the graph uses.
+    """
+
+    module: nn.Module
+    candidates: str
+    selection: str
+    min_opset: int
+    detections: Callable[..., list[dict]]
+
+
+@runtime_checkable
+class ExportableFamily(Protocol):
+    """A :class:`ModelFamily` whose models ``falconet export`` can write (optional: a family
+    without :meth:`export_graph` trains and predicts as before, and export says it cannot)."""
+
+    def export_graph(self, model: nn.Module) -> ExportGraph:
+        """``model`` (built by :meth:`ModelFamily.build_model`, trained weights loaded, eval
+        mode, on the CPU) wrapped to the :class:`ExportGraph` contract."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
 class Predictions:
     """What an assigner sees of the network's predictions, per anchor (detached).
 
