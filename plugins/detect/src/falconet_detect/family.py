@@ -76,3 +76,10 @@ class YoloFamily:
         from falconet_detect.postprocess import postprocess
 
         return postprocess(outputs, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label)
+
+    def export_graph(self, model: Any):  # -> falconet.interfaces.ExportGraph
+        """The network and its box decoding; NMS stays outside the graph
+        (:mod:`falconet_detect.export`)."""
+        from falconet_detect.export import export_graph
+
+        return export_graph(model)
