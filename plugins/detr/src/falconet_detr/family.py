@@ -127,3 +127,10 @@ class DetrFamily:
                 }
             )
         return detections
+
+    def export_graph(self, model: Any):  # -> falconet.interfaces.ExportGraph
+        """The network, its boxes in input pixels; the selection stays outside the graph
+        (:mod:`falconet_detr.export`)."""
+        from falconet_detr.export import export_graph
+
+        return export_graph(model)
