@@ -47,6 +47,7 @@ def register_eval_backends(register: Register) -> None:
 def register_commands(register: Register) -> None:
     from falconet.cli.data_command import data
     from falconet.cli.eval_command import eval_command
+    from falconet.cli.export_command import export
     from falconet.cli.plugins_command import plugins
     from falconet.cli.train_command import predict, train, val
 
@@ -56,3 +57,4 @@ def register_commands(register: Register) -> None:
     register(train)
     register(val)
     register(predict)
+    register(export)

@@ -1,14 +1,16 @@
-"""``Detector``: the Python API. ``train``, ``val`` and ``predict`` take the same keys as the CLI.
+"""``Detector``: the Python API. ``train``, ``val``, ``predict`` and ``export`` take the same
+keys as the CLI.
 
 from falconet import Detector
 result = Detector("yolo-n").train(data="shapes", epochs=30)
 Detector("runs/train/exp/weights/best.pt").predict("photo.jpg")
+Detector("runs/train/exp/weights/best.pt").export(format="onnx", dynamic=True)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +19,9 @@ from falconet.plugins import Plugins, get_plugins
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.config import TrainConfig, build_config, check_keys, config_model
 from falconet.training.planning import default_model
+
+if TYPE_CHECKING:
+    from falconet.export import ExportResult
 
 
 class Detector:
@@ -28,8 +33,10 @@ class Detector:
         self.plugins = plugins or get_plugins()
         self.source = str(model) if model is not None else default_model(self.plugins)
         self.checkpoint: dict[str, Any] | None = None
+        self.checkpoint_path: Path | None = None
         if self.source.endswith(".pt"):
             self.checkpoint = load_checkpoint(self.source)
+            self.checkpoint_path = Path(self.source)
             name = self.checkpoint["spec"]["model"]
         else:
             name = self.source
@@ -62,7 +69,7 @@ class Detector:
                 write_summary(summary)
         best = Path(summary["run_dir"]) / "weights" / "best.pt"
         if best.exists():
-            self.checkpoint = load_checkpoint(best)
+            self.checkpoint, self.checkpoint_path = load_checkpoint(best), best
             self.model_name = self.checkpoint["spec"]["model"]
             self.family, self._module = self.plugins.families.get(self.model_name), None
         return summary
@@ -177,3 +184,19 @@ class Detector:
             max_det=max_det,
             batch=batch,
         )
+
+    # ----------------------------------------------------------------------------- export
+    def export(self, format: str = "onnx", **keys: Any) -> ExportResult:
+        """Write this detector's weights as a ``format`` file and check it against PyTorch,
+        with the keys of ``falconet export`` (``opset``, ``dynamic``, ``batch``, ``imgsz``,
+        ``weights``, ``out``, ``check``, ``source``; docs/cli.md). Returns what was written
+        and measured; raises :class:`falconet.export.ExportError` with what to change."""
+        from falconet.export import ExportError, export_checkpoint, parse_options
+
+        options = parse_options({"format": format, **keys})
+        if self.checkpoint is None or self.checkpoint_path is None:
+            raise ExportError(
+                f"Detector({self.source!r}) has random weights: export takes a trained "
+                "checkpoint, Detector('runs/train/<name>/weights/best.pt'), or train it first"
+            )
+        return export_checkpoint(self.checkpoint, self.checkpoint_path, self.family, options)
