@@ -45,7 +45,7 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
         "tensorboard",
     ]
     assert [line.split() for line in lines[2:7]] == [
-        ["register_commands", "data,", "eval,", "plugins,", "predict,", "train,", "val"],
+        ["register_commands", "data,", "eval,", "export,", "plugins,", "predict,", "train,", "val"],
         ["register_eval_backends", "pycocotools"],
         ["register_graph_backends", "compile,", "eager"],
         ["register_precision_backends", "bf16,", "fp16,", "fp32"],

@@ -36,7 +36,7 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.callbacks.names() == ["csv", "plots", "progress", "tensorboard"]
     assert falconet_plugins.train_keys.names() == ["compile"]
     assert list(falconet_plugins.train_keys.get("compile").keys.model_fields) == ["compile_mode"]
-    commands = ["data", "eval", "plugins", "predict", "train", "val"]
+    commands = ["data", "eval", "export", "plugins", "predict", "train", "val"]
     assert falconet_plugins.commands.names() == commands
     (record,) = falconet_plugins.records
     assert (record.name, record.distribution, record.status) == (
