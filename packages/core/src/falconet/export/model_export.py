@@ -124,7 +124,7 @@ def export_checkpoint(
     module.load_state_dict(state)
     module = module.float().eval()
     graph = exportable_graph(family, module)
-    opset = options.opset if options.opset is not None else DEFAULT_OPSET
+    opset = options.opset
     check_opset(opset, graph, family.name, DEFAULT_OPSET)
     imgsz = options.imgsz or int(checkpoint.get("config", {}).get("imgsz") or 640)
     batches = sorted({*CHECK_BATCHES, options.batch}) if options.dynamic else [options.batch]

@@ -27,9 +27,7 @@ class ExportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: str = Field("onnx", description="file format: onnx")
-    opset: int | None = Field(
-        None, description=f"ONNX opset (default {DEFAULT_OPSET}; the family's minimum up)"
-    )
+    opset: int = Field(DEFAULT_OPSET, description="ONNX opset (from the family's minimum up)")
     dynamic: bool = Field(False, description="a dynamic batch dimension (else fixed at batch)")
     batch: int = Field(1, ge=1, description="the batch size of a fixed-batch graph")
     imgsz: int | None = Field(
