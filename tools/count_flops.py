@@ -2,6 +2,7 @@
 
     uv run python tools/count_flops.py --out flops.json
     uv run python tools/count_flops.py --rfdetr-python /tmp/rfvenv/bin/python --out flops.json
+    uv run python tools/count_flops.py --query-groups 1,3,13 --out groups.json
 
 One counter for every model: ``torch.utils.flop_counter.FlopCounterMode`` over one eval-mode
 forward of a batch of one zero image at ``--imgsz`` (384), on the CPU, in float32, 80 classes,
@@ -27,6 +28,10 @@ that differs from this one's. Nano is built from its config with ``pretrain_weig
 (random init, no checkpoint download) and its hub access switched off, so nothing is fetched.
 Where ``rfdetr`` imports in this interpreter it is counted here; where neither, only
 falconet's models are counted and the output says so.
+
+``--query-groups 1,3,13``: instead, falconet's models' *training* forward (the network alone:
+no denoising pass, loss or backward) with that many query groups (the ``query_groups`` key),
+what Group DETR adds to a training step's network; inference is the one-group count above.
 """
 
 from __future__ import annotations
@@ -67,9 +72,10 @@ def grid_sample_flops(input_shape, grid_shape, *args, out_shape=None, **kwargs) 
 SAMPLING_OPS = {aten.grid_sampler_2d: grid_sample_flops}
 
 
-def count(model: torch.nn.Module, imgsz: int) -> dict[str, Any]:
-    """Parameters and FLOPs (with and without the sampling term) of one eval forward."""
-    model = model.eval().requires_grad_(False)  # the counter's module hooks want no leaves
+def count(model: torch.nn.Module, imgsz: int, training: bool = False) -> dict[str, Any]:
+    """Parameters and FLOPs (with and without the sampling term) of one eval forward (with
+    ``training``, of one training-mode forward)."""
+    model = model.train(training).requires_grad_(False)  # the counter's hooks want no leaves
     params = sum(p.numel() for p in model.parameters())
     counter = FlopCounterMode(display=False, custom_mapping=SAMPLING_OPS)
     with counter, torch.no_grad():
@@ -87,10 +93,25 @@ def count(model: torch.nn.Module, imgsz: int) -> dict[str, Any]:
     }
 
 
-def falconet_model(name: str) -> torch.nn.Module:
+def falconet_model(name: str, query_groups: int = 1) -> torch.nn.Module:
     from falconet_detr.family import DetrFamily
 
-    return DetrFamily().build_model(name, 80)
+    return DetrFamily(query_groups).build_model(name, 80)
+
+
+def count_groups(groups: list[int], imgsz: int) -> list[dict[str, Any]]:
+    """falconet's models' training forward with each of ``groups`` query groups."""
+    return [
+        {
+            "model": name,
+            "source": "falconet-detr",
+            "query_groups": g,
+            "forward": "training",
+            **count(falconet_model(name, g), imgsz, training=True),
+        }
+        for name in FALCONET_MODELS
+        for g in groups
+    ]
 
 
 def rfdetr_nano(imgsz: int) -> tuple[torch.nn.Module, str]:
@@ -136,6 +157,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--imgsz", type=int, default=384)
     parser.add_argument("--rfdetr-python", help="an interpreter whose environment has rfdetr")
+    parser.add_argument(
+        "--query-groups",
+        help="comma-separated group counts: count falconet's training forward with each",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--only-rfdetr", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -144,20 +169,26 @@ def main() -> None:
     if args.only_rfdetr:  # the child run: one JSON line on stdout
         print(json.dumps({"torch": torch.__version__, "model": count_rfdetr(args.imgsz)}))
         return
-    models = [
-        {"model": name, "source": "falconet-detr", **count(falconet_model(name), args.imgsz)}
-        for name in FALCONET_MODELS
-    ]
     note = None
-    try:
-        import rfdetr  # noqa: F401
-    except ImportError:
-        if args.rfdetr_python:
-            models.append(rfdetr_elsewhere(args.rfdetr_python, args.imgsz))
-        else:
-            note = "rfdetr is not installed here and no --rfdetr-python was given: falconet only"
+    if args.query_groups:
+        groups = [int(g) for g in args.query_groups.split(",")]
+        models = count_groups(groups, args.imgsz)
+        note = "training-mode forward of the network alone (no denoising pass, loss, backward)"
     else:
-        models.append(count_rfdetr(args.imgsz))
+        models = [
+            {"model": name, "source": "falconet-detr", **count(falconet_model(name), args.imgsz)}
+            for name in FALCONET_MODELS
+        ]
+        try:
+            import rfdetr  # noqa: F401
+        except ImportError:
+            if args.rfdetr_python:
+                models.append(rfdetr_elsewhere(args.rfdetr_python, args.imgsz))
+            else:
+                note = "rfdetr is not installed here and no --rfdetr-python was given: "
+                note += "falconet only"
+        else:
+            models.append(count_rfdetr(args.imgsz))
     result = {
         "tool": "tools/count_flops.py",
         "date": datetime.date.today().isoformat(),
@@ -171,10 +202,11 @@ def main() -> None:
     }
     if note:
         result["note"] = note
-    print(f"{'model':<12} {'params':>9} {'GFLOPs':>8} {'+sampling':>10}  (at {args.imgsz} px)")
+    print(f"{'model':<16} {'params':>9} {'GFLOPs':>8} {'+sampling':>10}  (at {args.imgsz} px)")
     for m in models:
+        label = m["model"] + (f" G={m['query_groups']}" if "query_groups" in m else "")
         print(
-            f"{m['model']:<12} {m['params_m']:>8.2f}M {m['gflops_without_sampling']:>8.2f} "
+            f"{label:<16} {m['params_m']:>8.2f}M {m['gflops_without_sampling']:>8.2f} "
             f"{m['gflops_with_sampling']:>10.2f}"
         )
     if note:
