@@ -1,6 +1,5 @@
 """tools/count_flops.py: its grid_sample formula on one call (a known answer), and detr-n's
-sampling term at 384 px equal to the count of its deformable attention's samples. The first
-FlopCounterMode of a process costs some 10 s of imports on a 2-core machine."""
+sampling term at 384 px equal to the count of its deformable attention's samples."""
 
 from __future__ import annotations
 
