@@ -3,7 +3,7 @@ start-up's imports and cache fill run on threads of their own, a copy of the net
 synthetic batch on the calling (training) thread and leaves the run's network, its statistics
 and its gradients as they were; the copy's loss sees this process alone while the other threads'
 still see every rank. What it saves in time is measured on the GPU machine by
-tools/bench_startup.py (docs/data.md)."""
+tools/bench_startup.py (docs/training.md, the GPU's first use)."""
 
 from __future__ import annotations
 

@@ -262,9 +262,10 @@ class WholeStep:
         epoch and ``capture_after - 1`` eager batches before it, where the training thread's
         lead over the GPU runs out; recorded here, one capture and one warm-up pass in the
         first epoch, whose batches are eager or recording anyway. It holds the memory a batch
-        of that bucket needs, also in a run whose batches never reach it (docs/data.md, "call
-        20", has the cost). A failure here is logged and not given up on: a batch that needs
-        the bucket records it by the usual rule."""
+        of that bucket needs, also in a run whose batches never reach it
+        (docs/lab/2026-12-cache-gpu-history.md, "call 20", has the cost). A failure here is
+        logged and not given up on: a batch that needs the bucket records it by the usual
+        rule."""
         self._record(image_key, images, targets, bucket, trained=False, ahead=True)
 
     def _failed_anywhere(self, failure: str | None) -> str | None:

@@ -217,7 +217,7 @@ def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str,
                     "cache",
                     "gpu",
                     "decode once into GPU memory and augment each batch on the GPU: the CPU "
-                    "workers leave the step's path (docs/data.md, its memory cost)",
+                    "workers leave the step's path (docs/gpu-data.md, its memory cost)",
                 )
             )
         elif c.device == "cuda" and not on_gpu:

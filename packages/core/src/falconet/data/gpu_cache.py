@@ -20,7 +20,7 @@ on the device (area averaging when shrinking, bilinear when enlarging, as OpenCV
 ``INTER_AREA`` and ``INTER_LINEAR`` are used on the CPU), to the size
 :func:`~falconet.data.loader.resized_shape` gives it, so the plans of both paths see the same image
 sizes. The decoders and resamplers are not OpenCV's, so a stored image differs from the CPU cache's
-by a few levels (docs/data.md); the augmentation that follows is the CPU path's up to rounding.
+by a few levels (docs/gpu-data.md); the augmentation that follows is the CPU path's up to rounding.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ NVJPEG_FROM = 1024
 threads. nvJPEG's first call waits for torchvision's import, which imports ``torch._dynamo``
 (made ahead beside the GPU's first use: :mod:`falconet.training.first_use`), and creates the
 decoder, while the CPU threads start at once: in that time they decode more images than a
-small store holds (the measurement: docs/data.md, "Which decoder")."""
+small store holds (the measurement: docs/gpu-data.md, "Which decoder")."""
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 

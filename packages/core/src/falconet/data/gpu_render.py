@@ -32,7 +32,7 @@ BLOCK = 256
 
 NUM_WARPS = 8
 """Warps per program: with :data:`BLOCK`, one pixel per thread. The fastest of seven launch
-shapes on the H200 (tools/bench_data.py --render-configs; docs/data.md)."""
+shapes on the H200 (tools/bench_data.py --render-configs; docs/gpu-data.md)."""
 
 
 LAUNCH_BYTES = 2**31

@@ -3,7 +3,7 @@
 :class:`Planner` draws what the augmentation of a batch of ``(epoch, index)`` keys will do
 (mosaic or not and its partners, where each image lies on the canvas, the affine matrix with
 its flip, the HSV gains) and moves the boxes through it, for the whole batch at once with
-numpy, so one host thread plans faster than the GPU renders (docs/data.md has the loader's
+numpy, so one host thread plans faster than the GPU renders (docs/gpu-data.md has the loader's
 measured rate and cores). The draws come from
 ``numpy.random.default_rng([seed, epoch, *indices])``: a function of the batch's keys, so
 the same seed gives the same batches whatever the workers, ranks or resumes. The CPU loader

@@ -97,7 +97,8 @@ TRAIN_DEFAULTS = {
     "close_mosaic": 3,
 }
 """The set's ``train_defaults:``: a CPU-sized recipe (the images are 256 px; AdamW converges in
-far fewer steps than SGD on a few hundred images). docs/training.md gives what it reaches."""
+far fewer steps than SGD on a few hundred images). What it reached is recorded in
+docs/lab/2026-11-convergence-and-resume.md."""
 
 
 def write_shapes(root: Path, counts: dict[str, int], size: int = 256, seed: int = 0) -> Path:

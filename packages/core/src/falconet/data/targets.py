@@ -35,7 +35,7 @@ def box_rows(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``N = next_bucket(counts.sum())`` with image ``B`` and slot 0. Made on the host, where the
     counts are known, so no device code needs to look at them; in numpy, because torch's CPU
     kernels, even on a few hundred numbers, wake its OpenMP pool, whose threads then spin on
-    every core of the machine (docs/data.md, ``cache=gpu``, has the measurement)."""
+    every core of the machine (docs/gpu-data.md has the measurement)."""
     counts = np.asarray(counts, np.int64)
     batch = len(counts)
     images = np.repeat(np.arange(batch), counts)

@@ -213,7 +213,7 @@ def apply_hsv(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
     hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
     lut_h, lut_s, lut_v = hsv_tables(gains)
     # three plane lookups, not one 3-channel table: the table was slower
-    # (tools/bench_augment.py; docs/data.md has the measurement)
+    # (tools/bench_augment.py; docs/lab/2026-11-cpu-loader.md has the measurement)
     merged = cv2.merge((cv2.LUT(hue, lut_h), cv2.LUT(sat, lut_s), cv2.LUT(val, lut_v)))
     return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
 

@@ -125,7 +125,7 @@ def choose_batch(measure: Measure, budget: int, largest: int = LARGEST) -> Choic
         # over the budget: aim as far below the budget as this cost went over it (at most
         # MARGIN of it), on the line through the largest fit and this cost (the line's crossing
         # of the budget itself lay a few images short of each new overshoot, a probe each:
-        # docs/training.md)
+        # docs/lab/2026-12-autobatch.md)
         slope = (peak - fits[below]) / (candidate - below)
         target = budget - min(peak - budget, MARGIN * budget)
         candidate = min(below + int((target - fits[below]) / slope), candidate - 1)

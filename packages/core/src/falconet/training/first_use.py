@@ -9,13 +9,13 @@ waits in the driver and on the GPU with the interpreter released. So while other
 the imports and fill the cache, the training thread trains a copy of the network on one
 synthetic batch, and the run's first batch finds cuDNN's choices made and the kernels loaded.
 The imports are ``torch._dynamo``'s, which the optimizer's construction makes: the slowest of
-a run (docs/data.md, start-up), on a thread of their own
+a run (docs/lab/2026-12-cache-gpu-history.md, start-up), on a thread of their own
 (:func:`imports_ahead`). They start with the copy, not earlier, though they depend on nothing
 the run reads: the data check and the network's construction before it hold the interpreter,
 and an import beside them slowed them by about as much as it overlapped, where the copy mostly
-waits with the interpreter released (the measurement: docs/data.md, start-up). The cache fills
-on a third thread (:func:`run_beside_first_use`'s ``start_up``), and imports torchvision there
-where it decodes with nvJPEG (:mod:`falconet.data.gpu_cache`).
+waits with the interpreter released (the measurement: docs/lab/2026-12-cache-gpu-history.md,
+start-up). The cache fills on a third thread (:func:`run_beside_first_use`'s ``start_up``), and
+imports torchvision there where it decodes with nvJPEG (:mod:`falconet.data.gpu_cache`).
 
 The copy trains on the training thread, not on another, because torch keeps cuDNN's timed
 choices per thread (the cuDNN v8 API's benchmark cache is thread-local): choices made on
@@ -74,7 +74,8 @@ SWITCH_INTERVAL_S = 0.0005
 """The interpreter's switch interval while the copy trains: the training thread takes the
 interpreter back after each operation of the copy it launches, and at Python's default
 interval (``sys.getswitchinterval()``) it waits that long for the importing thread to give it
-up, hundreds of times (the copy's time at both intervals: docs/data.md, start-up)."""
+up, hundreds of times (the copy's time at both intervals: docs/lab/2026-12-cache-gpu-history.md,
+start-up)."""
 
 T = TypeVar("T")
 

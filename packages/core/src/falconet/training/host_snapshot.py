@@ -3,7 +3,7 @@
 A checkpoint's state (model, EMA, optimizer: about 1,250 tensors for yolo-n) must be copied to
 host memory before the next epoch changes it. Copied tensor by tensor, that is one
 ``cudaMemcpyAsync`` and one pinned allocation per tensor on the training thread (what it cost
-against this module is measured in docs/training.md, checkpoints), and torch then stores each
+against this module is measured in docs/checkpoints.md), and torch then stores each
 tensor's storage as its own record. Here the tensors of one section of the state (the top-level
 key they are first met under: ``weights``, ``model``, ``optimizer``, ...) and one dtype are
 gathered on the device by ``torch.cat`` (a few batched kernels, on the caller's stream: the
