@@ -3,8 +3,8 @@ seconds, and which parts could run beside the imports instead.
 
 A run's start-up trains a copy of the network on one synthetic batch while the cache fills
 (:mod:`falconet.training.first_use`): after the imports, the longest part of the start-up
-(docs/data.md, start-up). This script times, each in its own process (one process per mode
-and repeat, so every figure is a first use):
+(docs/lab/2026-12-cache-gpu-history.md, start-up). This script times, each in its own process
+(one process per mode and repeat, so every figure is a first use):
 
 - ``import_torch`` and ``import_falconet`` (the trainer's modules and the plugins);
 - ``context``: the CUDA context and the network moved onto the device;

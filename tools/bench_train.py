@@ -77,7 +77,7 @@ def repeated_dataset(source: Path, times: int, folder: Path) -> Path:
                     (folder / "labels" / split / f"{stem}.txt").symlink_to(label)
     yaml_path = folder / "data.yaml"
     yaml_path.write_text(f"path: {folder}\ntrain: images/train\nval: images/val\n{names}\n")
-    # the accuracy check: COCO128 once, train = val (an overfit, as in docs/training.md)
+    # the accuracy check: COCO128 once, train = val (an overfit, as in docs/performance.md)
     (folder / "overfit.yaml").write_text(
         f"path: {folder}\ntrain: images/val\nval: images/val\n{names}\n"
     )
@@ -90,7 +90,7 @@ class EpochClock:
     run's start counted as end 0. The CPU time of the process, its threads and its loader
     workers is read only at the ends in ``reads_at`` (every end when ``None``): reading /proc
     for each of a run's threads takes milliseconds, which at every end would be the
-    benchmark's own time in the next epoch (docs/data.md, 2026-12-04)."""
+    benchmark's own time in the next epoch (docs/lab/2026-12-cache-gpu-history.md, 2026-12-04)."""
 
     def __init__(self, reads_at: set[int] | None = None) -> None:
         self.ends: list[float] = []

@@ -1,5 +1,6 @@
 """Train once and report how fast the run converged: wall time, the first epoch reaching a
-target metric, the best metrics. The numbers in docs/training.md come from this script.
+target metric, the best metrics. The figures in docs/lab/2026-11-convergence-and-resume.md came
+from this script.
 
     python tools/convergence.py --target mAP50=0.9 data=shapes            # the main job's run
     python tools/convergence.py --target mAP50-95=0.5 --json out.json \\

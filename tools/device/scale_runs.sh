@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl and .data carried (docs/development.md):
-# the data tiers at COCO's scale and beyond (docs/data.md, "Which store, when"). The generated
-# sets live in /tmp/scale, so the parts after the first need the same warm machine.
+# the data tiers at COCO's scale and beyond (docs/data.md, "Where the training images live").
+# The generated sets live in /tmp/scale, so the parts after the first need the same warm machine.
 #   part=a  the 118k-image set (tools/make_scale_set.py from COCO128), its dataset check, and the
 #           loader alone per tier (tools/bench_data.py --tiers)
 #   part=b  on the 118k set: the GPU tests of the decoding loader first, then per batch the

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with .whl and .data carried (see
-# docs/development.md): the trainer's GPU evidence for docs/training.md. Writes under $OUT.
+# docs/development.md): the trainer's GPU evidence. Writes under $OUT. Its records:
+# docs/lab/2026-11-convergence-and-resume.md, docs/lab/2026-11-graph-backends.md.
 #   part=overfit  two COCO128 overfit runs from scratch at once (train = val, 640 px, batch 16):
 #                 the family recipe (SGD, mosaic) and a pure-overfit recipe (AdamW, no mosaic)
 #   part=checks   a short shapes run per graph/precision backend (eager bf16, compile bf16,
