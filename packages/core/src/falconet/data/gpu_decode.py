@@ -89,11 +89,18 @@ def ring_bytes(slots: int, size: int) -> int:
 
 @dataclass
 class Fetched:
-    """A batch's images to decode, read on the planning thread's readers: ``(index, slot,
-    bytes)`` for nvJPEG, ``(index, slot, image or error)`` decoded on the CPU."""
+    """A batch's images to decode, read on the planning thread's readers: ``(index, slot)``
+    for nvJPEG with their bytes being read in :data:`READERS` chunks (a task per file cost
+    more in thread hand-offs than the read of a held file), and ``(index, slot, image or
+    error)`` decoded on the CPU."""
 
-    jpegs: list[tuple[int, int, Future]] = field(default_factory=list)
+    jpegs: list[tuple[int, int]] = field(default_factory=list)
+    reads: list[Future] = field(default_factory=list)
     decoded: list[tuple[int, int, Future]] = field(default_factory=list)
+
+    def jpeg_bytes(self) -> list[np.ndarray | OSError]:
+        """The bytes of each of :attr:`jpegs`, in order (the error where a read failed)."""
+        return [data for read in self.reads for data in read.result()]
 
 
 class DecodedRing:
@@ -168,10 +175,23 @@ class DecodedRing:
             if self.on_cpu[index]:
                 fetched.decoded.append((index, slot, self._readers.submit(self._on_cpu, index)))
             else:
-                fetched.jpegs.append((index, slot, self._readers.submit(self.files.read, index)))
+                fetched.jpegs.append((index, slot))
+        chunk = -(-len(fetched.jpegs) // READERS)
+        for start in range(0, len(fetched.jpegs), chunk or 1):
+            indices = [index for index, _ in fetched.jpegs[start : start + chunk]]
+            fetched.reads.append(self._readers.submit(self._read_all, indices))
         tiles = plan.tiles.copy()
         tiles[:, :, 0] = slot_of
         return replace(plan, tiles=tiles), fetched
+
+    def _read_all(self, indices: list[int]) -> list[np.ndarray | OSError]:
+        out: list[np.ndarray | OSError] = []
+        for index in indices:
+            try:
+                out.append(self.files.read(index))
+            except OSError as exc:
+                out.append(exc)
+        return out
 
     def _on_cpu(self, index: int) -> np.ndarray | OSError:
         try:
@@ -183,11 +203,11 @@ class DecodedRing:
         """On the decoding thread, on its stream: the fetched images decoded into their slots;
         the ring as a store for the render."""
         jpegs = []
-        for index, slot, read in fetched.jpegs:
-            try:
-                jpegs.append((index, slot, torch.from_numpy(read.result())))
-            except OSError as exc:
-                self._lost(index, slot, exc)
+        for (index, slot), data in zip(fetched.jpegs, fetched.jpeg_bytes(), strict=True):
+            if isinstance(data, OSError):
+                self._lost(index, slot, data)
+            else:
+                jpegs.append((index, slot, torch.from_numpy(data)))
         if jpegs:
             images = self._decode_all([data for _, _, data in jpegs])
             for (index, slot, _), image in zip(jpegs, images, strict=True):
