@@ -63,7 +63,7 @@ class EncodedFiles:
     def __init__(
         self, paths: Sequence[Path], *, hold: bool, sizes: np.ndarray | None = None
     ) -> None:
-        self.paths = [Path(p) for p in paths]
+        self.paths = [p if isinstance(p, Path) else Path(p) for p in paths]  # no re-parse
         self.sizes = file_sizes(self.paths) if sizes is None else np.asarray(sizes, np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(np.maximum(self.sizes, 0))))
         self.hold = hold
