@@ -61,6 +61,7 @@ from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
 from falconet.training.step import Progress, StepParts, TrainStep
+from falconet.training.threads import apply_threads
 
 log = logging.getLogger("falconet.train")
 
@@ -112,6 +113,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         refuse_off_gpu(device, cfg.batch)
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
+    apply_threads(cfg.threads)
     dataset = load_training_data(cfg)
     cfg = cfg.model_copy(update={"cache": resolve_cache(cfg, dataset, device, world)})
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later

@@ -56,7 +56,15 @@ class TrainConfig(BaseModel):
     device: str = Field(
         "auto", description="auto, cpu, cuda, 0, cuda:0 (auto: the first GPU, else cpu)"
     )
-    workers: int = Field(8, ge=0, description="loader worker processes (capped at the CPU count)")
+    workers: int = Field(
+        8, ge=0, description="loader worker processes (capped at the cores this process may use)"
+    )
+    threads: int = Field(
+        0,
+        ge=0,
+        description="CPU threads of torch, OpenMP and OpenCV in the training process (0: the "
+        "cores this process may use, affinity and cgroup quota counted, shared by a node's ranks)",
+    )
     sync_bn: bool = Field(
         False,
         description="distributed runs on GPUs: BatchNorm normalises over the global batch "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +20,7 @@ from falconet.data.tiers import GPU_TIERS, Footing, choose_tier, host_available
 from falconet.data.transforms import AugmentConfig
 from falconet.training.config import ConfigError, TrainConfig
 from falconet.training.distributed import ONE_PROCESS, World, any_rank, per_rank_batch
+from falconet.training.threads import usable_cores
 
 log = logging.getLogger("falconet.train")
 
@@ -40,7 +40,8 @@ def augment_config(cfg: TrainConfig) -> AugmentConfig:
 
 
 def worker_count(requested: int) -> int:
-    return min(requested, os.cpu_count() or 1)
+    """``requested`` workers, at most the cores this process may use."""
+    return min(requested, usable_cores())
 
 
 def train_samples(cfg: TrainConfig, dataset: Dataset) -> list[Sample]:
