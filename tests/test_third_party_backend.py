@@ -30,7 +30,7 @@ def test_help_lists_the_plugins_key_under_its_distribution(priority_plugin_site)
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert "Keys of falconet-priority-plugin:" in text
-    section = text.split("Keys of falconet-priority-plugin:")[1]
+    section = " ".join(text.split("Keys of falconet-priority-plugin:")[1].split())  # unwrapped
     assert "priority_note" in section and "a note the priority-eager backend logs" in section
 
 

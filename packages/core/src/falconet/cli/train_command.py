@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,30 @@ import click
 EPILOG_WIDTH = 100
 
 
-def _keys_epilog() -> str:
-    """Every key, the core's first, then each plugin's under its distribution's name."""
+def _keys_epilog(width: int = EPILOG_WIDTH) -> str:
+    """Every key, the core's first, then each plugin's under its distribution's name; each
+    meaning wrapped to ``width`` columns under its own column."""
     from falconet.plugins import get_plugins
     from falconet.training.config import CORE, config_model, describe_keys
 
     lines = ["\b", "Keys (KEY=VALUE; default, meaning):"]
     owner = CORE
+    indent = " " * 36  # two spaces, the key's 20 and a space, the default's 12 and a space
     for key, default, meaning, declared_by in describe_keys(config_model(get_plugins())):
         if declared_by != owner:
             owner = declared_by
             lines += ["\b", f"Keys of {owner}:"]
-        lines.append(f"  {key:<20} {default:<12} {meaning}")
+        head = f"  {key:<20} {default:<12} "
+        if len(head) > len(indent):  # a long default: the meaning starts on the next line
+            lines.append(head.rstrip())
+            head = indent
+        lines += textwrap.wrap(
+            meaning,
+            width=max(width, len(indent) + 20),
+            initial_indent=head,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        ) or [head.rstrip()]
     return "\n".join(lines)
 
 
@@ -65,13 +78,14 @@ def _pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 
 class _KeysCommand(click.Command):
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        formatter.write("\n" + _keys_epilog().replace("\b\n", "") + "\n")
+        width = min(formatter.width, EPILOG_WIDTH)  # the terminal's, as click measured it
+        formatter.write("\n" + _keys_epilog(width).replace("\b\n", "") + "\n")
 
 
 @click.command("train", cls=_KeysCommand, context_settings={"max_content_width": EPILOG_WIDTH})
 @click.argument("keys", nargs=-1)
 def train(keys: tuple[str, ...]) -> None:
-    """Train a detector: `falconet train model=yolo-n data=coco128.yaml epochs=50`.
+    """Train a detector: `falconet train model=yolo-n data=shapes epochs=50`.
 
     With no keys: the default model of the installed family of highest priority (yolo-n
     where the YOLO family is installed) on the built-in `shapes` data, on the GPU if there is
