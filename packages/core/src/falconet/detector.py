@@ -45,9 +45,21 @@ class Detector:
         self._module: torch.nn.Module | None = None
 
     # ------------------------------------------------------------------------------ train
-    def train(self, **keys: Any) -> dict[str, Any]:
+    def train(self, *, verbose: bool = True, **keys: Any) -> dict[str, Any]:
         """Train with the keys of ``falconet train --help``; returns the summary (run folder,
-        best metrics, per-class AP). Afterwards this detector holds the best weights."""
+        best metrics, per-class AP). Afterwards this detector holds the best weights. The
+        run shows the CLI's progress on stderr where the program set up no logging of its
+        own; ``verbose=False`` trains quietly (:mod:`falconet.training.console`)."""
+        from falconet.training.config import ConfigError
+        from falconet.training.console import run_output
+
+        if not isinstance(verbose, bool):  # `falconet train verbose=...`: not a run's key
+            raise ConfigError(f"verbose={verbose!r}: Detector.train's own, True or False")
+        with run_output(verbose):
+            return self._train(verbose, keys)
+
+    def _train(self, verbose: bool, keys: dict[str, Any]) -> dict[str, Any]:
+        from falconet.training.console import without_progress
         from falconet.training.distributed import world_from_env
         from falconet.training.launch import check_before_launch, gpu_list, launch, write_summary
         from falconet.training.planning import build_callbacks, plan_run
@@ -63,7 +75,10 @@ class Detector:
             plan = plan_run(
                 keys, self.plugins, base_model=self.model_name, base_weights=base_weights
             )
-            trainer = Trainer(plan, self.plugins, build_callbacks(plan.config, self.plugins))
+            callbacks = build_callbacks(plan.config, self.plugins)
+            if not verbose:
+                callbacks = without_progress(callbacks)
+            trainer = Trainer(plan, self.plugins, callbacks)
             summary = trainer.fit()
             if world.main:
                 write_summary(summary)
