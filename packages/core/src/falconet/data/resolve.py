@@ -1,18 +1,26 @@
 """Turn what a user passes as ``data=`` into a checked :class:`Dataset`.
 
-``data`` is ``shapes`` (the built-in synthetic set, made on first use) or the path of a data
+``data`` is ``shapes`` (the built-in synthetic set, made on first use), the path of a data
 yaml (YOLO labels, or a COCO instances file it names: see :mod:`falconet.data.yolo` and
-:mod:`falconet.data.coco`).
+:mod:`falconet.data.coco`), or a folder as users bring one: holding a data yaml
+(``data.yaml``, or its only ``.yaml``), or in the Roboflow COCO export layout (``train/``,
+``valid/``, ``test/``, each with ``_annotations.coco.json`` beside its images: RF-DETR's
+format), for which the yaml is written into the cache folder, not into the dataset.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
+
+import yaml
 
 from falconet.data.check import check_split
 from falconet.data.coco import coco_candidates, coco_categories, read_coco
 from falconet.data.records import DataError, Dataset, Problem, Split
 from falconet.data.yolo import class_names, dataset_root, image_files, read_yaml, yolo_candidates
+from falconet.paths import cache_dir
 
 SPLITS = ("train", "val")
 
@@ -24,14 +32,53 @@ def resolve_data_path(data: str | Path) -> Path:
 
         return ensure_shapes()
     path = Path(data).expanduser()
+    if path.is_dir():
+        return folder_yaml(path)
     if path.suffix not in (".yaml", ".yml"):
         raise DataError(
-            f"data={data}: expected `shapes` or a data yaml (.yaml); a COCO file "
-            "is named inside a yaml with coco_json: (see docs/data.md)"
+            f"data={data}: expected `shapes`, a data yaml (.yaml) or a dataset folder; a COCO "
+            "file is named inside a yaml with coco_json: (see docs/data.md)"
         )
     if not path.exists():
         raise DataError(f"data={data}: no such file")
     return path.resolve()
+
+
+ROBOFLOW_JSON = "_annotations.coco.json"
+ROBOFLOW_SPLITS = {"train": "train", "val": "valid", "test": "test"}
+
+
+def folder_yaml(folder: Path) -> Path:
+    """The data yaml of a dataset folder (module docstring)."""
+    folder = folder.resolve()
+    for name in ("data.yaml", "data.yml"):
+        if (folder / name).is_file():
+            return folder / name
+    yamls = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    if len(yamls) == 1:
+        return yamls[0]
+    present = {
+        split: sub
+        for split, sub in ROBOFLOW_SPLITS.items()
+        if (folder / sub / ROBOFLOW_JSON).is_file()
+    }
+    if "train" in present:
+        config: dict = {"path": str(folder)}
+        for split, sub in present.items():
+            config[split] = sub
+            config[f"{split}_json"] = f"{sub}/{ROBOFLOW_JSON}"
+        digest = hashlib.sha1(str(folder).encode()).hexdigest()[:16]
+        path = cache_dir("datasets") / f"roboflow-{digest}.yaml"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(f"# written by falconet for {folder}\n" + yaml.safe_dump(config))
+        os.replace(tmp, path)
+        return path
+    found = ", ".join(p.name for p in yamls) or "none"
+    raise DataError(
+        f"data={folder}: a folder needs a data.yaml (yaml files found: {found}) or the "
+        f"Roboflow COCO layout (train/{ROBOFLOW_JSON}, valid/{ROBOFLOW_JSON}); name the yaml "
+        "itself to choose one"
+    )
 
 
 def load_dataset(
