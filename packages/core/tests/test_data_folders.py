@@ -67,3 +67,12 @@ def test_a_folder_with_neither_says_what_it_needs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="Roboflow COCO layout"):
         load_dataset(tmp_path / "empty")
+
+
+def test_an_ultralytics_yaml_whose_data_is_not_there_says_download_is_not_run(tmp_path):
+    (tmp_path / "coco8.yaml").write_text(
+        "path: ../datasets/coco8\ntrain: images/train\nval: images/val\nnames: {0: person}\n"
+        "download: https://example.invalid/coco8.zip\n"
+    )
+    with pytest.raises(DataError, match=r"download: is not run .* point path: at it"):
+        load_dataset(tmp_path / "coco8.yaml")

@@ -119,7 +119,16 @@ def load_dataset(
                 contents[json_path], json_path, image_dir, category_ids
             )
         else:
-            candidates = yolo_candidates(image_files(config[split], root, f"{where} {split}"))
+            try:
+                files = image_files(config[split], root, f"{where} {split}")
+            except DataError as exc:
+                if not config.get("download"):
+                    raise
+                raise DataError(  # an Ultralytics yaml whose data is fetched by its download:
+                    f"{exc}. The yaml's download: is not run (falconet reads no network): "
+                    "fetch the data as it says, then point path: at it"
+                ) from None
+            candidates = yolo_candidates(files)
         checked = check_split(
             split, candidates, len(names), workers=workers, cache_key=f"{yaml_path}|{coco[split]}"
         )
