@@ -3,7 +3,7 @@
 The graph holds the network and the decoding (:func:`~falconet_detect.postprocess.
 decode_outputs`: the DFL expectation, the distances to ``xyxy`` pixels, the sigmoid); what
 depends on the data (threshold, NMS, the cap per image) stays outside it, as
-:func:`~falconet_detect.postprocess.select` does it (docs/models.md, "Exported graph").
+:func:`~falconet_detect.postprocess.select` does it (docs/export.md).
 """
 
 from __future__ import annotations

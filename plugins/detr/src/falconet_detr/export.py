@@ -3,7 +3,7 @@
 The graph holds the whole network in evaluation mode (query selection's fixed-count ``topk``
 included) and the last decoder layer's boxes converted to ``xyxy`` input pixels; choosing the
 detections (the ``max_det`` best query-class pairs above ``conf``, no NMS: a set prediction)
-stays outside it, as :func:`detections` does (docs/models.md, "Exported graph").
+stays outside it, as :func:`detections` does (docs/export.md).
 """
 
 from __future__ import annotations

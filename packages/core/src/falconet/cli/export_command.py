@@ -43,7 +43,7 @@ def export(keys: tuple[str, ...], as_json: bool) -> None:
     `falconet export model=runs/train/exp/weights/best.pt [dynamic=true opset=17]`.
 
     The file goes beside the checkpoint (best.pt -> best.onnx) unless out= says where; it
-    holds the network and its box decoding (docs/models.md says what it outputs, per family).
+    holds the network and its box decoding (docs/export.md says what it outputs, per family).
     Needs the export extra: pip install 'falconet-core[export]'.
     """
     from falconet.detector import Detector

@@ -5,7 +5,7 @@ The family that owns the network makes it exportable
 ``boxes`` and ``scores``); the core chooses the weights (:mod:`~falconet.export.weights`),
 writes the file (:mod:`~falconet.export.onnx_file`) and compares it with PyTorch
 (:mod:`~falconet.export.parity`). ``onnx`` and ``onnxruntime`` come with the ``export`` extra:
-``pip install 'falconet-core[export]'``. docs/cli.md lists the keys; docs/models.md says what
+``pip install 'falconet-core[export]'``. docs/cli.md lists the keys; docs/export.md says what
 each family's graph outputs.
 """
 

@@ -7,7 +7,8 @@ pairs, not candidate by candidate, keeps the check meaningful where the candidat
 decided inside the graph: a DETR graph picks its queries by ``topk`` over encoder scores,
 where near-equal scores may come out in another order (the same set of detections, permuted).
 The tolerances (:data:`SCORE_TOLERANCE`, :data:`BOX_TOLERANCE`) are for float32 on the CPU;
-docs/models.md says what the check measured.
+docs/export.md describes the check, docs/lab/2026-12-07-export-parity.md records what it
+measured at 640 px.
 """
 
 from __future__ import annotations
