@@ -39,4 +39,4 @@ def test_detr_n_sampling_term_is_its_sampled_values_times_eight(load_tool):
     levels, dh = 3, scale.dim // scale.heads
     samples = scale.layers * scale.heads * dh * scale.queries * levels * scale.points
     assert counted["flops_by_op"]["aten.grid_sampler_2d"] == 8 * samples
-    assert 4.0 < counted["gflops_without_sampling"] < 4.2  # docs/models.md: 4.08
+    assert 4.0 < counted["gflops_without_sampling"] < 4.2  # docs/detr.md: 4.08

@@ -25,7 +25,7 @@ def test_detr_n_trains_with_its_recipe_and_its_checkpoint_predicts(tiny_run):
         "hungarian",
         1e-4,
     )
-    assert args["backbone_lr_scale"] == 1.0  # the backbone starts from scratch (docs/models.md)
+    assert args["backbone_lr_scale"] == 1.0  # the backbone starts from scratch (docs/detr.md)
     assert args["clip_grad"] == 0.1 and args["mosaic"] == 0.0
     detector = Detector(run_dir / "weights" / "best.pt")
     images = Path(tiny_run["data"]).parent / "images" / "val"

@@ -121,7 +121,7 @@ def test_postprocess_scales_boxes_to_each_images_size():
     [("detr-n", (3.5e6, 3.65e6), (9.8, 10.3)), ("detr-s", (25.8e6, 26.0e6), (67.0, 68.5))],
 )
 def test_parameters_and_gflops_at_640(model, params, gflops):
-    """docs/models.md's table (FLOPs of ``torch.utils.flop_counter``: matrix products and
+    """docs/detr.md's table (FLOPs of ``torch.utils.flop_counter``: matrix products and
     convolutions, a multiply-add counting 2; ``grid_sample`` is not counted). The lower bounds
     leave room for torch versions whose counter has no formula for the CPU attention kernel
     (torch 2.11 counts 0.22 / 0.72 GFLOPs less than 2.15 here, the attention's share)."""

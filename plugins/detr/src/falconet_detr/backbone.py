@@ -16,7 +16,7 @@ class ConvNorm(nn.Sequential):
     BatchNorm and SiLU go through :func:`falconet.ops.batch_norm_silu`, so a backend that
     replaces the op reaches this family as it reaches the yolo family (graphs-cuda's
     ``bn_silu=triton`` does in the whole step, which does not take this family's loss yet:
-    docs/models.md); run as is, it is BatchNorm then SiLU. A sequence of the convolution and
+    docs/detr.md); run as is, it is BatchNorm then SiLU. A sequence of the convolution and
     the BatchNorm, so the weights keep their names (``0.weight``, ``1.running_mean``, ...)
     in saved checkpoints."""
 

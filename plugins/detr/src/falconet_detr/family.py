@@ -9,7 +9,7 @@ from falconet.interfaces import Assigner
 
 
 class DetrFamily:
-    """RT-DETR-style detectors: ``detr-n``, ``detr-s`` (docs/models.md has their sizes).
+    """RT-DETR-style detectors: ``detr-n``, ``detr-s`` (docs/detr.md has their sizes).
 
     ``query_groups``: the decoder's query groups in training (the ``query_groups`` key,
     :mod:`falconet_detr.keys`; a run's family is :meth:`configure`'d with the run's keys)."""
@@ -43,7 +43,7 @@ class DetrFamily:
         return DetrLoss(model, assigner)
 
     def default_recipe(self, model: str) -> Mapping[str, Any]:
-        """RT-DETR's recipe where falconet has the key (docs/models.md), at four times its
+        """RT-DETR's recipe where falconet has the key (docs/detr.md), at four times its
         rate: AdamW at 4e-4, the backbone at the same rate, constant after warm-up, gradients
         clipped at 0.1, EMA, no mosaic (its random canvases hurt the set prediction's sense of
         object sizes less than they slow its convergence from scratch; a key like any
@@ -53,7 +53,7 @@ class DetrFamily:
             "momentum": 0.9,
             # RT-DETR's 1e-4 fine-tunes a pretrained backbone over many epochs; this model
             # starts from scratch, and at 1e-4 it barely learned under augmentation in the
-            # overfit check's budget (docs/models.md, the 2026-12-04 record)
+            # overfit check's budget (docs/lab/2026-12-detr-family.md, 2026-12-04)
             "lr0": 4e-4,
             "lrf": 1.0,
             # RT-DETR's 0.1 is for an ImageNet-pretrained backbone; this one starts from
@@ -74,7 +74,7 @@ class DetrFamily:
             "amp_dtype": "auto",
             "assigner": "hungarian",
             # one query set: Group DETR's groups (RF-DETR and LW-DETR train 13) are a key,
-            # off until the overfit check has measured them (docs/models.md, ablation pending)
+            # off until the overfit check has measured them (docs/detr.md, ablation pending)
             "query_groups": 1,
         }
 

@@ -8,7 +8,7 @@ dimension (:func:`stacked_targets`), so the step still makes one assigner call: 
 solve on the GPU with no host round trip where the assigner's GPU solver runs, else the cost
 matrices and counts copied to the host once. One matching of the last layer serving every
 depth (query ``i`` of every layer is one query refined) learned far more slowly on the overfit
-check (docs/models.md). The denoising queries need no matching (each knows its target).
+check (docs/detr.md). The denoising queries need no matching (each knows its target).
 
 Query groups (Group DETR; the model's ``query_groups`` G): every depth's G query sets are
 matched to the boxes each on its own, one-to-one, so a box has G positives a depth; the groups
