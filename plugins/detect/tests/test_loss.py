@@ -79,13 +79,14 @@ def test_loss_is_finite_positive_with_padding_and_empty_images(assigner):
 
 @pytest.mark.skipif(not COCO128.exists(), reason=f"needs the shared COCO128 data at {COCO128}")
 def test_overfits_one_coco128_batch(tmp_path, monkeypatch):
-    """The loss falls by at least 80% within 120 steps on one real batch (yolo-n, 256 px)."""
+    """The loss falls by at least 80% within 60 steps on one real batch (yolo-n, 4 images at
+    128 px: small enough for the CPU suite, with room under the bar for other seeds)."""
     monkeypatch.setenv("FALCONET_CACHE_DIR", str(tmp_path))
     from falconet.data import load_dataset
     from falconet.data.loader import DetectionDataset, collate
 
     samples = load_dataset(COCO128, splits=("train",)).splits["train"].samples[:4]
-    batch = collate([DetectionDataset(samples, 256)[i] for i in range(4)])
+    batch = collate([DetectionDataset(samples, 128)[i] for i in range(4)])
     images, targets = batch["images"].float() / 255, Targets.from_batch(batch)
     torch.manual_seed(0)
     family = YoloFamily()
@@ -93,7 +94,7 @@ def test_overfits_one_coco128_batch(tmp_path, monkeypatch):
     loss = family.build_loss(net, TaskAlignedAssigner())
     optimizer = torch.optim.AdamW(net.parameters(), lr=2e-3)
     first = last = None
-    for _ in range(120):
+    for _ in range(60):
         value, _ = loss(net(images), targets)
         optimizer.zero_grad()
         value.backward()
