@@ -71,14 +71,25 @@ def tiny_shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_shapes(tmp_path_factory.mktemp("tiny-shapes"), {"train": 24, "val": 8}, size=64)
 
 
+@pytest.fixture(scope="session")
+def tiny_keys(tiny_shapes: Path) -> Callable[[Path], dict[str, str]]:
+    """``tiny_keys(project)``: the keys of ``tiny_run`` writing under ``project``, for a
+    module-scoped fixture that trains once for several tests."""
+
+    def keys(project: Path) -> dict[str, str]:
+        return {
+            "data": str(tiny_shapes),
+            "imgsz": "64",
+            "batch": "8",
+            "workers": "0",
+            "plots": "false",
+            "project": str(project),
+        }
+
+    return keys
+
+
 @pytest.fixture
-def tiny_run(tiny_shapes: Path, tmp_path: Path) -> dict[str, str]:
+def tiny_run(tiny_keys: Callable[[Path], dict[str, str]], tmp_path: Path) -> dict[str, str]:
     """Keys of a fast training run on ``tiny_shapes``, writing under ``tmp_path/runs``."""
-    return {
-        "data": str(tiny_shapes),
-        "imgsz": "64",
-        "batch": "8",
-        "workers": "0",
-        "plots": "false",
-        "project": str(tmp_path / "runs"),
-    }
+    return tiny_keys(tmp_path / "runs")
