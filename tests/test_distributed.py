@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -338,34 +340,41 @@ def test_the_graphed_network_under_ddp_is_bit_for_bit_the_eager_ddp_step(tmp_pat
         assert torch.equal(result["graphed"][name], weight), name
 
 
-def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(tiny_run, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tiny_keys, tmp_path_factory) -> SimpleNamespace:
+    """One uninterrupted run of two Gloo ranks under torchrun (3 epochs, seed 3), trained once
+    for the tests that check its files, resume from it or compare an interrupted run with it;
+    none of them writes into it. ``keys``, ``project``, ``run`` (rank 0's folder), ``stdout``."""
+    project = tmp_path_factory.mktemp("two-ranks") / "runs"
+    keys = {**tiny_keys(project), "device": "cpu", "nbs": "8", "epochs": "3", "val": "false"}
+    keys |= {"seed": "3"}
+    done = _train(_torchrun(29517), {**keys, "name": "whole"}, project.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return SimpleNamespace(keys=keys, project=project, run=project / "whole", stdout=done.stdout)
+
+
+def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(two_ranks, tmp_path):
     """The YOLO family under torchrun on the CPU: the same updates as one process at the same
     global batch, one run folder and one summary (rank 0's). Its weights are not compared with
     the one-process run's: each rank's BatchNorm normalises over its half of the batch, and
     SyncBatchNorm needs a GPU, so the two runs train slightly different networks."""
-    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "2", "val": "false", "seed": "3"}
-    one = _train([], {**keys, "name": "one"}, tmp_path)
+    project = tmp_path / "runs"
+    one = _train([], {**two_ranks.keys, "project": str(project), "name": "one"}, tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _train(_torchrun(29517), {**keys, "name": "two"}, tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
-    project = Path(tiny_run["project"])
-    assert sorted(p.name for p in project.iterdir()) == ["one", "two"]
-    assert two.stdout.count("run folder:") == 1
-    made = sorted(p.name for p in (project / "two").iterdir())
+    assert sorted(p.name for p in two_ranks.project.iterdir()) == ["whole"]
+    assert two_ranks.stdout.count("run folder:") == 1
+    made = sorted(p.name for p in two_ranks.run.iterdir())
     assert made == sorted(p.name for p in (project / "one").iterdir())
     a = torch.load(project / "one/weights/last.pt", weights_only=True)
-    b = torch.load(project / "two/weights/last.pt", weights_only=True)
+    b = torch.load(two_ranks.run / "weights/last.pt", weights_only=True)
     assert (a["world_size"], b["world_size"]) == (1, 2)
-    assert a["step"] == b["step"] == 6  # 24 images, global batch 8, 2 epochs: 6 updates
+    assert a["step"] == b["step"] == 9  # 24 images, global batch 8, 3 epochs: 9 updates
     assert all(torch.isfinite(t).all() for t in b["model"].values() if t.is_floating_point())
 
 
-def test_resume_with_another_world_size_is_refused(tiny_run, tmp_path):
-    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "1", "val": "false"}
-    two = _train(_torchrun(29519), {**keys, "name": "two"}, tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
-    last = Path(tiny_run["project"]) / "two/weights/last.pt"
-    again = _train([], {"resume": str(last)}, tmp_path)
+def test_resume_with_another_world_size_is_refused(two_ranks, tmp_path):
+    run = shutil.copytree(two_ranks.run, tmp_path / "two")  # the shared run stays untouched
+    again = _train([], {"resume": str(run / "weights/last.pt")}, tmp_path)
     assert again.returncode == 2
     assert "trained by 2 process(es) and this run has 1" in again.stderr
 
@@ -400,7 +409,7 @@ def test_a_killed_rank_ends_the_whole_job_quickly_naming_it(tiny_run, tmp_path):
     import time
 
     keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "50", "val": "false"}
-    command = [sys.executable, *_torchrun(29523), "-m", "falconet", "train"]
+    command = [sys.executable, *_torchrun(29519), "-m", "falconet", "train"]
     launcher = subprocess.Popen(
         [*command, *(f"{k}={v}" for k, v in keys.items())],
         cwd=tmp_path,
@@ -503,7 +512,7 @@ def test_a_plain_script_without_a_guard_launches_once_and_is_not_imported_again(
     assert (Path(tiny_run["project"]) / "plain" / "weights" / "last.pt").exists()
 
 
-def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path):
+def test_sigkill_of_the_launcher_then_resume_is_bit_identical(two_ranks, tmp_path):
     """torchrun's agent killed with SIGKILL mid-epoch takes its ranks with it; resumed with the
     same world size, the run ends with every entry of last.pt equal to the uninterrupted
     distributed run's (weights, EMA, optimizer, counters, RNG states)."""
@@ -512,24 +521,17 @@ def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path
 
     from falconet_testing.checkpoints import assert_same_tensors
 
-    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "3", "val": "false", "seed": "3"}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def start(name: str, port: int) -> subprocess.Popen:
-        pairs = [f"{k}={v}" for k, v in {**keys, "name": name}.items()]
-        return subprocess.Popen(
-            [sys.executable, *_torchrun(port), "-m", "falconet", "train", *pairs],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    whole = start("whole", 29525)
-    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-3000:]
-    killed = start("killed", 29527)
-    last = Path(tiny_run["project"]) / "killed" / "weights" / "last.pt"
+    project = tmp_path / "runs"
+    pairs = [f"{k}={v}" for k, v in {**two_ranks.keys, "project": project}.items()]
+    killed = subprocess.Popen(
+        [sys.executable, *_torchrun(29527), "-m", "falconet", "train", *pairs, "name=killed"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = project / "killed" / "weights" / "last.pt"
     deadline = time.monotonic() + 300
     while not last.exists():
         assert killed.poll() is None, killed.stderr.read()[-3000:]
@@ -547,7 +549,7 @@ def test_sigkill_of_the_launcher_then_resume_is_bit_identical(tiny_run, tmp_path
     assert at_kill["epoch"] < 3, "the run finished before it was killed"
     resumed = _train(_torchrun(29529), {"resume": str(last)}, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a = torch.load(Path(tiny_run["project"]) / "whole" / "weights" / "last.pt", weights_only=True)
+    a = torch.load(two_ranks.run / "weights" / "last.pt", weights_only=True)
     b = torch.load(last, weights_only=True)
     for part in a.keys() - {"config"}:
         assert_same_tensors(a[part], b[part], part)
@@ -637,7 +639,7 @@ def test_the_profiler_under_torchrun_profiles_rank_0_and_never_hangs(tiny_run, t
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' processes in /proc")
-def test_an_elastic_restart_resumes_from_the_last_checkpoint_bit_identically(tiny_run, tmp_path):
+def test_an_elastic_restart_resumes_from_the_last_checkpoint_bit_identically(two_ranks, tmp_path):
     """torchrun --max-restarts 1, rank 1 killed with SIGKILL after the first epoch's
     checkpoint: torchrun restarts both ranks, which resume from the run's last.pt (their own
     rendezvous prefix, so no rank reads the dead generation's addresses) and end with every
@@ -647,20 +649,18 @@ def test_an_elastic_restart_resumes_from_the_last_checkpoint_bit_identically(tin
 
     from falconet_testing.checkpoints import assert_same_tensors
 
-    keys = {**tiny_run, "device": "cpu", "nbs": "8", "epochs": "4", "val": "false", "seed": "3"}
-    whole = _train(_torchrun(29545), {**keys, "name": "whole"}, tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    project = tmp_path / "runs"
     elastic = [*_torchrun(29547), "--max-restarts", "1"]
-    pairs = [f"{k}={v}" for k, v in {**keys, "name": "elastic"}.items()]
+    pairs = [f"{k}={v}" for k, v in {**two_ranks.keys, "project": project}.items()]
     launcher = subprocess.Popen(
-        [sys.executable, *elastic, "-m", "falconet", "train", *pairs],
+        [sys.executable, *elastic, "-m", "falconet", "train", *pairs, "name=elastic"],
         cwd=tmp_path,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    last = Path(tiny_run["project"]) / "elastic" / "weights" / "last.pt"
+    last = project / "elastic" / "weights" / "last.pt"
     try:
         deadline = time.monotonic() + 300
         while not last.exists():
@@ -675,8 +675,8 @@ def test_an_elastic_restart_resumes_from_the_last_checkpoint_bit_identically(tin
             launcher.kill()
     assert launcher.returncode == 0, stderr[-3000:]
     assert "torchrun restarted the workers: resuming from" in stderr
-    a = torch.load(Path(tiny_run["project"]) / "whole" / "weights" / "last.pt", weights_only=True)
+    a = torch.load(two_ranks.run / "weights" / "last.pt", weights_only=True)
     b = torch.load(last, weights_only=True)
     for part in a.keys() - {"config"}:
         assert_same_tensors(a[part], b[part], part)
-    assert b["epoch"] == 4 and b["world_size"] == 2
+    assert b["epoch"] == 3 and b["world_size"] == 2
