@@ -36,7 +36,10 @@ from falconet.training.trainer import Trainer, TrainingDiverged, write_release_b
     ("keys", "expected"),
     [
         ({"imgsz": 100}, "imgsz=100: must be a multiple of 32"),
-        ({"cache": "ssd"}, "cache='ssd': expected 'auto', 'none', 'ram', 'disk', 'gpu', 'encoded' or 'stream'"),
+        (
+            {"cache": "ssd"},
+            "cache='ssd': expected 'auto', 'none', 'ram', 'disk', 'gpu', 'encoded' or 'stream'",
+        ),
         ({"epochs": "many"}, "epochs='many'"),
         ({"lr0": -1}, "lr0=-1"),
         ({"amp_dtype": "fp16", "device": "cpu"}, "amp_dtype=fp16 needs a CUDA device"),

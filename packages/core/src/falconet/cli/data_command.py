@@ -29,9 +29,9 @@ def data() -> None:
     help="Threads that decode images (default: one per core, at most 32).",
 )
 def check(dataset: str, as_json: bool, strict: bool, workers: int | None) -> None:
-    """Check DATASET (`shapes` or a data yaml, bare or as `data=...`): every image is decoded to the end and every
-    label line parsed; each problem is printed with its file and line and what training does
-    about it (skipped, dropped, clipped, converted or noted).
+    """Check DATASET (`shapes`, a data yaml or a folder, bare or as `data=...`): every image
+    is decoded to the end and every label line parsed; each problem is printed with its file
+    and line and what training does about it (skipped, dropped, clipped, converted or noted).
 
     Exit status: 0 when the data is usable, 1 with --strict when any problem was found, 2 when
     a split has no usable image left or the yaml itself is unusable.
