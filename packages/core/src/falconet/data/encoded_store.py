@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from falconet.data.named_threads import name_this_thread
+
 log = logging.getLogger("falconet.data")
 
 FILL_THREADS = 4
@@ -110,6 +112,7 @@ class EncodedFiles:
             )
 
     def _fill(self, done: threading.Barrier) -> None:
+        name_this_thread("falconet-fill")
         view = memoryview(self.buffer)
         while not self._stop.is_set():
             with self._claim:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ from falconet.data.encoded_store import EncodedFiles
 from falconet.data.gpu_augment import ImageStore
 from falconet.data.gpu_cache import for_nvjpeg, gpu_decoder, place
 from falconet.data.loader import resized_shape
+from falconet.data.named_threads import NamedThreads
 from falconet.data.plans import BatchPlan
 from falconet.data.records import Sample
 from falconet.data.transforms import PAD_VALUE, read_image, resize_long_side
@@ -136,7 +137,7 @@ class DecodedRing:
         self.refused = 0
         self.held = np.full((slots, 2), -1, np.int64)  # (epoch, index): the planning thread's
         self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="falconet-read")
+        self._readers = NamedThreads(READERS, "falconet-read")
         self.dataset: DetectionDataset | None = None  # the loader's, for images lost
 
     @property

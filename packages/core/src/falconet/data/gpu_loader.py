@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from itertools import islice
 from typing import Any
 
@@ -44,6 +44,7 @@ import torch
 from falconet.data.gpu_augment import ImageStore, PlanTensors, pinned, render
 from falconet.data.gpu_decode import DECODE_AHEAD, DecodedRing, Fetched
 from falconet.data.loader import DetectionDataset, batch_meta, padded_targets
+from falconet.data.named_threads import NamedThreads
 from falconet.data.sampler import EpochBatchSampler, EpochSampler
 
 log = logging.getLogger("falconet.data")
@@ -164,8 +165,8 @@ class GpuLoader:
         stream = torch.cuda.Stream(self.device) if cuda and self.ring is not None else None
         ahead = DECODE_AHEAD if self.ring is not None else 0
         with (
-            ThreadPoolExecutor(1, thread_name_prefix="falconet-plans") as plans,
-            ThreadPoolExecutor(1, thread_name_prefix="falconet-decode") as decoder,
+            NamedThreads(1, "falconet-plans") as plans,
+            NamedThreads(1, "falconet-decode") as decoder,
         ):
             # the host thread works PLANS_AHEAD batches ahead of the decoding: a plan that
             # took longer (the GIL held by the loop or a checkpoint's writer) is absorbed
