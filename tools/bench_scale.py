@@ -22,6 +22,10 @@ minutes. Every measurement runs in a fresh process (``--worker``). Per cache and
   second epoch of the set's first ``K`` images (its own loader, ``cache=False``: a RAM cache of
   the set would not fit, as ours does not), at the same batch, size and fp16.
 
+With ``--trace N --trace-to 'trace-{cache}-{batch}.json.gz'``, each falconet arm also traces ``N``
+steps after its span (torch.profiler: every GPU stream, and the loop thread's operators; the
+span itself is timed untraced), for a timeline of where the GPU waits.
+
 Every arm trains yolo-n at ``--imgsz`` with ``amp_dtype=--amp`` and ``graph=--graph``.
 """
 
@@ -78,10 +82,13 @@ class GpuBusy:
 
 
 class Span:
-    """falconet's side: the span's two ends, the first batch, and a stop after the span."""
+    """falconet's side: the span's two ends, the first batch, and a stop after the span (or,
+    with ``trace`` steps and a ``trace_to`` path, after a torch.profiler trace of that many
+    steps more: the GPU's streams, and the loop thread's operators, as a Chrome trace)."""
 
-    def __init__(self, warm: int, steps: int) -> None:
+    def __init__(self, warm: int, steps: int, trace: int = 0, trace_to: str = "") -> None:
         self.warm, self.steps, self.done = warm, steps, 0
+        self.trace, self.trace_to, self.profiler = trace, trace_to, None
         self.result: dict = {}
         self.busy = GpuBusy()
 
@@ -103,7 +110,16 @@ class Span:
                 self.busy.start()
             else:
                 self.result["gpu_busy"] = self.busy.stop()
-                trainer.request_stop("bench_scale: the span is measured")
+                if not self.trace:
+                    trainer.request_stop("bench_scale: the span is measured")
+                else:
+                    self.profiler = torch.profiler.profile()
+                    self.profiler.start()
+        if self.profiler is not None and self.done == self.warm + self.steps + self.trace:
+            synchronize()
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(self.trace_to)
+            trainer.request_stop("bench_scale: the span is measured and traced")
 
 
 def run_falconet(args) -> dict:
@@ -129,7 +145,7 @@ def run_falconet(args) -> dict:
         project=args.tmp,
         name=f"scale-{args.cache}-{args.batch}",
     )
-    span = Span(*args.span)
+    span = Span(*args.span, args.trace, args.trace_to)
     trainer = Trainer(plan_run(keys, plugins), plugins, [span])
     built = round(process_age(), 2)
     loader = trainer.run.train_loader
@@ -276,6 +292,10 @@ def spawn(args, arm: str, cache: str, batch: int) -> dict:
         str(args.ultralytics_images),
         "--tmp",
         args.tmp,
+        "--trace",
+        str(args.trace),
+        "--trace-to",
+        args.trace_to.replace("{cache}", cache).replace("{batch}", str(batch)),
     ]
     from bench_train import marked_result
 
@@ -315,6 +335,8 @@ def main() -> None:
     parser.add_argument("--ultralytics-images", type=int, default=0)
     parser.add_argument("--no-step", action="store_true", help="leave the isolated step out")
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--trace", type=int, default=0, help="steps traced after the span")
+    parser.add_argument("--trace-to", default="", help="its Chrome trace (.json.gz)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="", help=argparse.SUPPRESS)

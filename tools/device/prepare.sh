@@ -12,6 +12,10 @@ if [[ "${bench:-0}" == 1 ]]; then  # the benchmark's peers (tools/device/bench-p
   python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --dest .whl -r tools/device/bench-peers.txt
 fi
+if [[ "${diag:-0}" == 1 ]]; then  # py-spy and the like (tools/device/diagnosis.txt)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --dest .whl -r tools/device/diagnosis.txt
+fi
 size_kib=$(du -sk .whl | cut -f1)
 ls -1 .whl
 echo "prepare: .whl holds $((size_kib / 1024)) MiB (a device call carries at most 64 MiB in all)"

@@ -10,6 +10,10 @@
 #   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
 #   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
 #           end to end at batch 64, then stream again with the page cache dropped
+#   part=e  where a batch's time goes at batch 64 (${images:-20000} images): the isolated step
+#           and cache=encoded end to end with a torch.profiler trace of 8 steps after the span,
+#           py-spy's samples of the threads holding the GIL and of every thread (raw, collapsed
+#           stacks), and the loader alone per tier (bench_data.py --tiers, CPU by thread)
 set -uo pipefail
 [[ -d /tmp/site ]] || source tools/device/install.sh
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site/bin:$PATH"
@@ -21,6 +25,29 @@ part=${part:-a}
   df -h / /tmp; free -g; nproc
   python3 -c "import sys, torch, torchvision; print(sys.version, torch.__version__, torchvision.__version__)"
 } > "$OUT/machine-$part.txt" 2>&1
+if [[ $part == e ]]; then
+  SECONDS=0
+  python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images ${images:-20000} \
+    --val 200 --out $scale/diag > "$OUT/e-generate.log" 2>&1
+  falconet data check $scale/diag/data.yaml > /tmp/e-check.log 2>&1
+  echo "generate and check rc=$? seconds=$SECONDS" | tee -a "$OUT/e-generate.log"
+  data=$scale/diag/data.yaml
+  python tools/bench_scale.py --data $data --caches encoded --batch 64 --span 200,600 \
+    --trace 8 --trace-to "$OUT/e-trace-{cache}-{batch}.json.gz" --out "$OUT/e-scale.json" 2>&1 \
+    | tee "$OUT/e-scale.log" | grep -v '^{'
+  for mode in gil idle; do
+    flags=(--gil); [[ $mode == idle ]] && flags=(--idle)
+    timeout 240 py-spy record "${flags[@]}" --threads --subprocesses --nonblocking -r 200 -f raw \
+      -o "$OUT/e-pyspy-$mode.txt" -- python tools/bench_scale.py --data $data --caches encoded \
+      --batch 64 --span 200,600 --no-step --out "$OUT/e-scale-pyspy-$mode.json" \
+      > "$OUT/e-pyspy-$mode.log" 2>&1
+    echo "py-spy $mode rc=$?" | tee -a "$OUT/e-pyspy-$mode.log"
+  done
+  python tools/bench_data.py $data --tiers --tier-images 20000 --gpu-batches 16,64 --epochs 3 \
+    --no-cpu-table --out "$OUT/e-loader-tiers.json" > "$OUT/e-loader-tiers.log" 2>&1
+  echo "loader rc=$?" | tee -a "$OUT/e-loader-tiers.log"
+  exit 0
+fi
 if [[ $part == a || ! -f $scale/coco118k/data.yaml ]]; then  # a fresh machine: the set first
   SECONDS=0
   python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images 118287 --val 500 \
