@@ -17,7 +17,14 @@ import torch
 
 from falconet.data.encoded_store import EncodedFiles, file_sizes
 from falconet.data.gpu_augment import PlanTensors, render
-from falconet.data.gpu_decode import DECODE_AHEAD, DecodedRing, ring_pool, ring_slots
+from falconet.data.gpu_decode import (
+    DECODE_AHEAD,
+    DecodedRing,
+    auto_cpu_share,
+    cpu_share_mask,
+    ring_pool,
+    ring_slots,
+)
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import DetectionDataset, collate_targets
 from falconet.data.tiers import Footing, choose_tier
@@ -32,10 +39,19 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("FALCONET_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def ring_loader(dataset, batch, pool, *, hold=True, decode_jpegs=None, seed=5):
+def ring_loader(dataset, batch, pool, *, hold=True, decode_jpegs=None, seed=5, cpu_share=0.0):
     files = EncodedFiles([s.image for s in dataset.samples], hold=hold)
     files.start_filling()
-    ring = DecodedRing(dataset.samples, files, SIZE, CPU, pool, batch, decode_jpegs=decode_jpegs)
+    ring = DecodedRing(
+        dataset.samples,
+        files,
+        SIZE,
+        CPU,
+        pool,
+        batch,
+        decode_jpegs=decode_jpegs,
+        cpu_share=cpu_share,
+    )
     return GpuLoader(dataset, ring, batch, seed=seed)
 
 
@@ -94,8 +110,9 @@ def test_a_ring_loader_resumed_mid_epoch_gives_the_rest_of_the_uninterrupted_epo
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the decoding stream is a CUDA stream")
+@pytest.mark.parametrize("cpu_share", [0.0, 0.5], ids=["nvjpeg", "half-on-cpu"])
 def test_batches_decoded_ahead_on_their_own_thread_and_stream_are_those_decoded_in_line(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, cpu_share
 ):
     """On a GPU the ring loader decodes up to ``DECODE_AHEAD`` batches ahead on a thread and a
     stream of its own. Each render is slowed on the device (its stream sleeps first) and the
@@ -103,7 +120,8 @@ def test_batches_decoded_ahead_on_their_own_thread_and_stream_are_those_decoded_
     reads it was done, or a render that read a slot before its decode ended, would change
     the pixels. The pool is a single batch, so every slot is written again two batches on.
     Compared with a second ring loader over the same files and seed, every part on one
-    thread and one stream."""
+    thread and one stream. With half the files decoded on the CPU, their copies up from
+    pinned memory are asynchronous too."""
     from falconet.data import gpu_loader
 
     samples = photos(tmp_path / "img", count=24)
@@ -113,7 +131,8 @@ def test_batches_decoded_ahead_on_their_own_thread_and_stream_are_those_decoded_
     def loader():
         files = EncodedFiles([s.image for s in samples], hold=True)
         files.start_filling()
-        return GpuLoader(dataset, DecodedRing(samples, files, SIZE, cuda, 4, 4), 4, seed=4)
+        ring = DecodedRing(samples, files, SIZE, cuda, 4, 4, cpu_share=cpu_share)
+        return GpuLoader(dataset, ring, 4, seed=4)
 
     in_line, ahead = loader(), loader()
     in_line.batch_sampler.set_epochs(0, 3)
@@ -175,6 +194,49 @@ def test_files_the_gpu_decoder_refuses_go_to_the_cpu_and_lost_files_train_grey(t
     assert (lost[:, top : top + h, left : left + w] == 114).all() and lost_boxes == 0
     png_image, png_boxes = by_id[2]
     assert png_boxes == len(samples[2].labels) and png_image.float().std() > 10
+
+
+def test_a_cpu_share_decodes_its_fixed_images_on_the_cpu_and_changes_no_plan(tmp_path):
+    """``cpu_share=0.5`` sends a fixed half of the JPEG files (the same in every epoch and in
+    every ring over the set) to the CPU decoder and the rest to the JPEG decoder (here
+    torchvision's on the CPU, in nvJPEG's place): every plan and target is the same as with
+    no share, and the pixels differ only by the two decoders' and resizes' rounding."""
+    pytest.importorskip("torchvision")
+    samples = photos(tmp_path / "img", count=16)
+    dataset = DetectionDataset(samples, SIZE, augment=AugmentConfig(mosaic=1.0), seed=3)
+    runs = {}
+    for share in (0.0, 0.5):
+        loader = ring_loader(dataset, 4, pool=8, decode_jpegs=cpu_jpeg_decoder, cpu_share=share)
+        expected = cpu_share_mask(16, share)
+        assert (loader.ring.on_cpu == expected).all()
+        loader.batch_sampler.set_epochs(0, 2)
+        batches = []
+        for keys in loader.batch_sampler:
+            host = loader.host_part(keys)
+            assert all(expected[i] for i, _, _ in host[2].decoded)
+            assert not any(expected[i] for i, _ in host[2].jpegs)
+            batches.append(loader.device_part(*loader.decode_part(host)))
+        runs[share] = batches
+    assert 4 <= cpu_share_mask(16, 0.5).sum() <= 12
+    assert not (cpu_share_mask(1000, 0.25) & ~cpu_share_mask(1000, 0.5)).any()  # nested
+    for a, b in zip(runs[0.0], runs[0.5], strict=True):
+        for key in ("boxes", "labels", "counts", "image_ids", "mosaic"):
+            assert torch.equal(a[key], b[key]), key
+        assert (a["images"].float() - b["images"].float()).abs().mean() < 1.5
+
+
+def test_cpu_decode_auto_takes_none_up_to_four_cores_and_at_most_half():
+    assert [auto_cpu_share(c) for c in (1, 2, 4, 8, 12, 16, 64)] == [
+        0.0,
+        0.0,
+        0.0,
+        0.25,
+        0.5,
+        0.5,
+        0.5,
+    ]
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        DecodedRing([], EncodedFiles([], hold=False), SIZE, CPU, 1, 1, cpu_share=2.0)
 
 
 def test_encoded_files_hold_the_files_bytes_and_read_through_before_the_fill(tmp_path):

@@ -30,6 +30,15 @@ any file nvJPEG refuses or decodes to another size than the dataset check measur
 and each goes to the CPU from then on. A file neither decodes (changed since the check) is
 drawn grey with its boxes left out from then on, one warning per file, as the CPU loader does.
 Without a CUDA device or torchvision every file goes to the CPU decoder.
+
+**Sharing the decode with the CPU.** Beside a training step that keeps the GPU full, nvJPEG's
+call slows down several times over (at batch 64 on an H100 it took ~40 ms a batch beside the
+step, against ~7 ms for the whole loader alone; docs/lab/2026-12-07-data-at-scale.md), while
+the process keeps only about one of the machine's cores busy. So a share ``cpu_share`` of the
+files nvJPEG would take (``cpu_decode=`` in a run) goes to the reader threads' CPU decoder
+instead, decoded and resized beside the nvJPEG call and copied up from pinned memory. Which
+files: a fixed draw per image (:func:`cpu_share_mask`), the same every epoch and every run of
+the dataset, so the share changes no batch from one run to the next.
 """
 
 from __future__ import annotations
@@ -66,6 +75,9 @@ DECODE_AHEAD = 2
 
 READERS = 8
 """Threads that read (``cache=stream``) and CPU-decode a batch's files."""
+
+CPU_SHARE_SEED = 0x6370755F
+"""Seed of the fixed draw that picks the files the CPU decodes (:func:`cpu_share_mask`)."""
 
 JpegDecoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 """``[n]`` uint8 host tensors of JPEG bytes -> ``[3, H, W]`` uint8 RGB images on the device;
@@ -119,11 +131,14 @@ class DecodedRing:
         batch: int,
         *,
         decode_jpegs: JpegDecoder | None = None,
+        cpu_share: float = 0.0,
     ) -> None:
         if len(files) != len(samples):
             raise ValueError(f"{len(files)} files for {len(samples)} samples")
         if pool < batch:
             raise ValueError(f"a pool of {pool} images for batches of {batch}: at least a batch")
+        if not 0.0 <= cpu_share <= 1.0:
+            raise ValueError(f"cpu_share={cpu_share}: a share of the files, from 0 to 1")
         self.samples, self.files, self.size, self.device = samples, files, size, device
         self.pool_size, self.batch = pool, batch
         slots = self.slots = pool + DECODE_AHEAD * batch
@@ -134,6 +149,8 @@ class DecodedRing:
         self.on_cpu = np.ones(len(samples), bool)
         if self._decode is not None:
             self.on_cpu[for_nvjpeg(samples)] = False
+            self.on_cpu |= cpu_share_mask(len(samples), cpu_share)
+        self.cpu_share = cpu_share
         self.refused = 0
         self.held = np.full((slots, 2), -1, np.int64)  # (epoch, index): the planning thread's
         self._orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -194,11 +211,15 @@ class DecodedRing:
                 out.append(exc)
         return out
 
-    def _on_cpu(self, index: int) -> np.ndarray | OSError:
+    def _on_cpu(self, index: int) -> torch.Tensor | OSError:
+        """Image ``index`` decoded and resized on the CPU, ``[H, W, 3]`` uint8; in pinned
+        memory when the ring is on a GPU, so its copy up does not hold the decoding thread."""
         try:
-            return resize_long_side(read_image(str(self.samples[index].image)), self.size)
+            image = resize_long_side(read_image(str(self.samples[index].image)), self.size)
         except OSError as exc:
             return exc
+        image = torch.from_numpy(image)
+        return image.pin_memory() if self.device.type == "cuda" else image
 
     def decode(self, fetched: Fetched) -> ImageStore:
         """On the decoding thread, on its stream: the fetched images decoded into their slots;
@@ -218,16 +239,21 @@ class DecodedRing:
                     if isinstance(image, OSError):
                         self._lost(index, slot, image)
                         continue
-                    image = torch.from_numpy(image).to(self.device).permute(2, 0, 1)
+                    image = self._up(image)
                 place(self.pixels, slot, image, self.shapes[index])
         for index, slot, done in fetched.decoded:
             image = done.result()
             if isinstance(image, OSError):
                 self._lost(index, slot, image)
                 continue
-            image = torch.from_numpy(image).to(self.device, non_blocking=False)
-            place(self.pixels, slot, image.permute(2, 0, 1), self.shapes[index])
+            place(self.pixels, slot, self._up(image), self.shapes[index])
         return self.store
+
+    def _up(self, image: torch.Tensor) -> torch.Tensor:
+        """A CPU-decoded ``[H, W, 3]`` image on the ring's device as ``[3, H, W]``
+        (asynchronous from pinned memory: torch's pinned allocator keeps the block until the
+        copy is done)."""
+        return image.to(self.device, non_blocking=True).permute(2, 0, 1)
 
     def _checked(self, index: int) -> tuple[int, int]:
         return self.samples[index].height, self.samples[index].width
@@ -270,6 +296,20 @@ class DecodedRing:
     def close(self) -> None:
         self._readers.shutdown(wait=False, cancel_futures=True)
         self.files.close()
+
+
+def auto_cpu_share(cores: int) -> float:
+    """``cpu_decode=auto``: the share of the JPEG files decoded on the CPU for a process that
+    may use ``cores``: none up to four cores (the loop, the planning and the decoding threads
+    need theirs), then a sixteenth a core more, at most half."""
+    return min(0.5, max(0.0, (cores - 4) / 16))
+
+
+def cpu_share_mask(count: int, share: float) -> np.ndarray:
+    """``[count]`` bool: the images the CPU decodes for a ``share`` of them (module docstring),
+    a fixed draw of :data:`CPU_SHARE_SEED`, so the same images every epoch and every run; the
+    images of a smaller share are among those of a larger one."""
+    return np.random.default_rng(CPU_SHARE_SEED).random(count) < share
 
 
 def nvjpeg_decoder(device: torch.device) -> JpegDecoder | None:

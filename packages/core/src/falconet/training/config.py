@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -84,6 +84,12 @@ class TrainConfig(BaseModel):
         "the cache folder) or none (read per batch), all three for the CPU workers; auto "
         "(the first of gpu, encoded, stream that fits, logged with the numbers; none off "
         "CUDA)",
+    )
+    cpu_decode: Literal["auto"] | Annotated[float, Field(ge=0, le=1)] = Field(
+        "auto",
+        description="cache=encoded and stream: the share of the JPEG files decoded on the "
+        "CPU's reader threads beside nvJPEG (0 to 1; auto: from the cores the process may "
+        "use, none up to 4, at most half)",
     )
     fraction: float = Field(
         1.0, gt=0, le=1, description="train on this leading fraction of the train split"

@@ -12,7 +12,13 @@ import torch
 from falconet.data import gpu_render
 from falconet.data.encoded_store import EncodedFiles, file_sizes
 from falconet.data.gpu_cache import Filled, fill_store, gpu_decoder, store_bytes
-from falconet.data.gpu_decode import DecodedRing, ring_bytes, ring_pool, ring_slots
+from falconet.data.gpu_decode import (
+    DecodedRing,
+    auto_cpu_share,
+    ring_bytes,
+    ring_pool,
+    ring_slots,
+)
 from falconet.data.gpu_loader import GpuLoader
 from falconet.data.loader import CACHE_MODES, DetectionDataset, build_loader
 from falconet.data.records import Dataset, Sample
@@ -228,7 +234,21 @@ def ring(cfg: TrainConfig, encoded: Encoded, device: torch.device, batch: int) -
         ring_bytes(ring_slots(batch, len(encoded.samples)), cfg.imgsz) / 2**30,
         device,
     )
-    return DecodedRing(encoded.samples, encoded.files, cfg.imgsz, device, pool, batch)
+    share = cfg.cpu_decode
+    if share == "auto":
+        share = auto_cpu_share(usable_cores())
+    ring = DecodedRing(
+        encoded.samples, encoded.files, cfg.imgsz, device, pool, batch, cpu_share=share
+    )
+    if ring.decoder == "nvJPEG" and share > 0:
+        log.info(
+            "cache=%s: %.0f%% of the JPEG files decoded on the CPU's readers beside nvJPEG "
+            "(cpu_decode=%s)",
+            cfg.cache,
+            100 * share,
+            cfg.cpu_decode,
+        )
+    return ring
 
 
 def build_val_loader(
