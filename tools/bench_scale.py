@@ -26,6 +26,8 @@ With ``--trace N --trace-to 'trace-{cache}-{batch}.json.gz'``, each falconet arm
 steps after its span (torch.profiler: every GPU stream, and the loop thread's operators; the
 span itself is timed untraced), for a timeline of where the GPU waits.
 
+A ``--caches`` entry may carry keys of its own after its cache (``encoded:cpu_decode=0``).
+
 Every arm trains yolo-n at ``--imgsz`` with ``amp_dtype=--amp`` and ``graph=--graph``.
 """
 
@@ -135,7 +137,7 @@ def run_falconet(args) -> dict:
         epochs=1,
         batch=args.batch,
         imgsz=args.imgsz,
-        cache=args.cache,
+        cache=args.cache.split(":")[0],
         amp_dtype=args.amp,
         graph=args.graph,
         val=False,
@@ -143,8 +145,9 @@ def run_falconet(args) -> dict:
         close_mosaic=0,
         deterministic=False,
         project=args.tmp,
-        name=f"scale-{args.cache}-{args.batch}",
+        name=f"scale-{args.cache.split(':')[0]}-{args.batch}",
     )
+    keys.update(arm_keys(args.cache))
     span = Span(*args.span, args.trace, args.trace_to)
     trainer = Trainer(plan_run(keys, plugins), plugins, [span])
     built = round(process_age(), 2)
@@ -182,6 +185,12 @@ def run_falconet(args) -> dict:
             refused=ring.refused,
         )
     return result
+
+
+def arm_keys(cache: str) -> dict[str, str]:
+    """The keys a ``--caches`` entry adds after its cache: ``encoded:cpu_decode=0`` trains
+    with ``cache=encoded cpu_decode=0``."""
+    return dict(item.split("=", 1) for item in cache.split(":")[1:])
 
 
 def run_step(args) -> dict:
@@ -295,7 +304,8 @@ def spawn(args, arm: str, cache: str, batch: int) -> dict:
         "--trace",
         str(args.trace),
         "--trace-to",
-        args.trace_to.replace("{cache}", cache).replace("{batch}", str(batch)),
+        args.trace_to.replace("{cache}", cache.replace(":", "-").replace("=", ""))
+        .replace("{batch}", str(batch)),
     ]
     from bench_train import marked_result
 

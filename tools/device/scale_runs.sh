@@ -6,7 +6,8 @@
 #           loader alone per tier (tools/bench_data.py --tiers)
 #   part=b  on the 118k set: the GPU tests of the decoding loader first, then per batch the
 #           isolated step, end to end with cache=encoded, and Ultralytics on its first
-#           ${ultra:-8000} images (tools/bench_scale.py; ultra=0 leaves it out)
+#           ${ultra:-8000} images (tools/bench_scale.py; ultra=0 leaves it out); caches_B and
+#           span_B give batch B arms and a span of its own (caches_64=encoded,encoded:cpu_decode=0)
 #   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
 #   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
 #           end to end at batch 64, then stream again with the page cache dropped
@@ -46,9 +47,8 @@ if [[ $part == e ]]; then
   python tools/bench_data.py $data --tiers --tier-images 20000 --gpu-batches 16,64 --epochs 3 \
     --no-cpu-table --out "$OUT/e-loader-tiers.json" > "$OUT/e-loader-tiers.log" 2>&1
   echo "loader rc=$?" | tee -a "$OUT/e-loader-tiers.log"
-  exit 0
 fi
-if [[ $part == a || ! -f $scale/coco118k/data.yaml ]]; then  # a fresh machine: the set first
+if [[ $part == a || ($part != e && ! -f $scale/coco118k/data.yaml) ]]; then  # the set first
   SECONDS=0
   python tools/make_scale_set.py --source .data/coco128/coco128.yaml --images 118287 --val 500 \
     --out $scale/coco118k > "$OUT/a-generate.log" 2>&1
@@ -68,9 +68,12 @@ elif [[ $part == b ]]; then
   timeout 120 python -m pytest -q -p no:cacheprovider packages/core/tests/test_gpu_decode.py \
     packages/core/tests/test_gpu_data.py > "$OUT/b-gpu-tests.log" 2>&1
   echo "gpu tests rc=$?" | tee -a "$OUT/b-gpu-tests.log"; tail -3 "$OUT/b-gpu-tests.log"
-  python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches ${caches:-encoded} \
-    --batch ${batches:-16,64} --span ${span:-300,1500} --ultralytics-images ${ultra:-8000} \
-    --out "$OUT/b-scale-118k.json" 2>&1 | tee "$OUT/b-scale-118k.log" | grep -v '^{'
+  for b in ${batches:-16 64}; do  # caches_64=..., span_64=... set one batch's own
+    cs=caches_$b; cs=${!cs:-${caches:-encoded}}; sp=span_$b; sp=${!sp:-${span:-300,1500}}
+    python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches $cs --batch $b \
+      --span $sp --ultralytics-images ${ultra:-8000} --out "$OUT/b-scale-118k-b$b.json" 2>&1 \
+      | tee "$OUT/b-scale-118k-b$b.log" | grep -v '^{'
+  done
 elif [[ $part == c ]]; then
   arms=""
   for seed in ${seeds:-0 1 2}; do
@@ -101,3 +104,6 @@ c.update(path='$scale', train=['coco118k/images/train', 'more/images/train'],
     --span ${span:-300,1500} --out "$OUT/d-scale-big-cold.json" 2>&1 \
     | tee "$OUT/d-scale-big-cold.log" | grep -v '^{'
 fi
+# at most 8 files come back from a call: the logs and results in one archive beside the traces
+cd "$OUT" && tar czf "results-$part.tgz" --exclude='*.tgz' --exclude='*trace*' -- * \
+  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name '*trace*' -delete
