@@ -66,7 +66,7 @@ if [[ $part == a ]]; then
   echo "loader rc=$? seconds=$SECONDS" | tee -a "$OUT/a-loader-tiers.log"
 elif [[ $part == b ]]; then
   timeout 120 python -m pytest -q -p no:cacheprovider packages/core/tests/test_gpu_decode.py \
-    packages/core/tests/test_gpu_data.py > "$OUT/b-gpu-tests.log" 2>&1
+    ${gpu_tests:-packages/core/tests/test_gpu_data.py} > "$OUT/b-gpu-tests.log" 2>&1
   echo "gpu tests rc=$?" | tee -a "$OUT/b-gpu-tests.log"; tail -3 "$OUT/b-gpu-tests.log"
   for b in ${batches:-16 64}; do  # caches_64=..., span_64=... set one batch's own
     cs=caches_$b; cs=${!cs:-${caches:-encoded}}; sp=span_$b; sp=${!sp:-${span:-300,1500}}
