@@ -360,7 +360,7 @@ def main() -> None:
     results: list[dict] = []
     for batch in (int(b) for b in args.batch.split(",")):
         planned = [] if args.no_step else [("step", "stream")]
-        planned += [("falconet", cache) for cache in args.caches.split(",")]
+        planned += [("falconet", cache) for cache in args.caches.split(",") if cache]
         if args.ultralytics_images:
             planned.append(("ultralytics", "files"))
         for arm, cache in planned:

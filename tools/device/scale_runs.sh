@@ -7,7 +7,8 @@
 #   part=b  on the 118k set: the GPU tests of the decoding loader first, then per batch the
 #           isolated step, end to end with cache=encoded, and Ultralytics on its first
 #           ${ultra:-8000} images (tools/bench_scale.py; ultra=0 leaves it out); caches_B and
-#           span_B give batch B arms and a span of its own (caches_64=encoded,encoded:cpu_decode=0)
+#           span_B give batch B arms and a span of its own (caches_64=encoded,encoded:cpu_decode=0;
+#           an empty caches_B with nostep=1 runs Ultralytics alone)
 #   part=c  the overfit check, cache=encoded against cache=gpu, seeds a side (bench_train.py)
 #   part=d  ${big:-300000} images (the 118k set and more beside it), cache=encoded and stream
 #           end to end at batch 64, then stream again with the page cache dropped
@@ -71,7 +72,8 @@ elif [[ $part == b ]]; then
   for b in ${batches:-16 64}; do  # caches_64=..., span_64=... set one batch's own
     cs=caches_$b; cs=${!cs:-${caches:-encoded}}; sp=span_$b; sp=${!sp:-${span:-300,1500}}
     python tools/bench_scale.py --data $scale/coco118k/data.yaml --caches $cs --batch $b \
-      --span $sp --ultralytics-images ${ultra:-8000} --out "$OUT/b-scale-118k-b$b.json" 2>&1 \
+      --span $sp --ultralytics-images ${ultra:-8000} ${nostep:+--no-step} \
+      --out "$OUT/b-scale-118k-b$b.json" 2>&1 \
       | tee "$OUT/b-scale-118k-b$b.log" | grep -v '^{'
   done
 elif [[ $part == c ]]; then
