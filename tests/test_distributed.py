@@ -10,6 +10,7 @@ how far the training moved the weights.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -370,6 +371,15 @@ def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(two_ranks, tmp_p
     assert (a["world_size"], b["world_size"]) == (1, 2)
     assert a["step"] == b["step"] == 9  # 24 images, global batch 8, 3 epochs: 9 updates
     assert all(torch.isfinite(t).all() for t in b["model"].values() if t.is_floating_point())
+    # img/s counts every rank's images: each epoch's rate over its time is the whole set's 24
+    # (the rate is rounded to 0.1), in the two-rank run as in the one-process run
+    for run in (project / "one", two_ranks.run):
+        with (run / "results.csv").open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert len(rows) == 3
+        for row in rows:
+            images = float(row["img/s"]) * float(row["epoch_time"])
+            assert images == pytest.approx(24, rel=0.02), (run.name, row)
 
 
 def test_resume_with_another_world_size_is_refused(two_ranks, tmp_path):

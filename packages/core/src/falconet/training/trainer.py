@@ -220,7 +220,9 @@ class Trainer:
                 sums, good = sums + values, good + finite.long()
                 bad_run = (bad_run + 1) * (~finite).long()
                 worst = torch.maximum(worst, bad_run)
-            images_seen += len(images)
+            # every rank trains an equal share of the epoch (the distributed sampler's), so
+            # img/s counts all ranks' images, not rank 0's alone
+            images_seen += len(images) * run.world.size
             state.batch_in_epoch = i + 1
             if i + 1 == release_at:
                 self.checkpoints.release()  # the previous epoch's files serialise from here
