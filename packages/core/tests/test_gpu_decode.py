@@ -225,16 +225,9 @@ def test_a_cpu_share_decodes_its_fixed_images_on_the_cpu_and_changes_no_plan(tmp
         assert (a["images"].float() - b["images"].float()).abs().mean() < 1.5
 
 
-def test_cpu_decode_auto_takes_none_up_to_four_cores_and_at_most_half():
-    assert [auto_cpu_share(c) for c in (1, 2, 4, 8, 12, 16, 64)] == [
-        0.0,
-        0.0,
-        0.0,
-        0.25,
-        0.5,
-        0.5,
-        0.5,
-    ]
+def test_cpu_decode_auto_takes_none_up_to_four_cores_and_at_most_three_quarters():
+    shares = [auto_cpu_share(c) for c in (1, 2, 4, 8, 12, 16, 64)]
+    assert shares == [0.0, 0.0, 0.0, 0.25, 0.5, 0.75, 0.75]
     with pytest.raises(ValueError, match="from 0 to 1"):
         DecodedRing([], EncodedFiles([], hold=False), SIZE, CPU, 1, 1, cpu_share=2.0)
 
@@ -328,3 +321,24 @@ def test_cache_auto_logs_its_numbers_and_takes_encoded_then_stream(tmp_path, mon
     assert f"files {files / GIB:.2f} GiB" in caplog.text and "24 images" in caplog.text
     host["bytes"] = int(files / tiers.HOST_SHARE) - 1
     assert loaders.resolve_cache(cfg, dataset, cuda) == "stream"
+
+
+@pytest.mark.parametrize(
+    ("cpu_decode", "local_ranks", "share"),
+    [("auto", "1", 0.75), ("auto", "2", 0.25), ("auto", "4", 0.0), (0.4, "4", 0.4)],
+)
+def test_cpu_decode_auto_counts_this_ranks_share_of_the_cores(
+    tmp_path, monkeypatch, cpu_decode, local_ranks, share
+):
+    """``auto`` reads the cores per rank (16 usable, shared by torchrun's local ranks); a
+    number is taken as given."""
+    from falconet.training import loaders
+    from falconet.training.config import TrainConfig
+
+    samples = photos(tmp_path / "img", count=4)
+    monkeypatch.setattr(loaders, "usable_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+    cfg = TrainConfig(imgsz=SIZE, batch=2, cache="encoded", cpu_decode=cpu_decode)
+    files = EncodedFiles([s.image for s in samples], hold=False)
+    ring = loaders.ring(cfg, loaders.Encoded(samples, files), CPU, 2)
+    assert ring.cpu_share == share

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +27,7 @@ from falconet.data.tiers import GPU_TIERS, Footing, choose_tier, host_available
 from falconet.data.transforms import AugmentConfig
 from falconet.training.config import ConfigError, TrainConfig
 from falconet.training.distributed import ONE_PROCESS, World, any_rank, per_rank_batch
-from falconet.training.threads import usable_cores
+from falconet.training.threads import thread_count, usable_cores
 
 log = logging.getLogger("falconet.train")
 
@@ -236,7 +237,8 @@ def ring(cfg: TrainConfig, encoded: Encoded, device: torch.device, batch: int) -
     )
     share = cfg.cpu_decode
     if share == "auto":
-        share = auto_cpu_share(usable_cores())
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # torchrun's
+        share = auto_cpu_share(thread_count(0, usable_cores(), local_ranks))
     ring = DecodedRing(
         encoded.samples, encoded.files, cfg.imgsz, device, pool, batch, cpu_share=share
     )
