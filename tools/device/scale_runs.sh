@@ -34,14 +34,15 @@ if [[ $part == e ]]; then
   falconet data check $scale/diag/data.yaml > /tmp/e-check.log 2>&1
   echo "generate and check rc=$? seconds=$SECONDS" | tee -a "$OUT/e-generate.log"
   data=$scale/diag/data.yaml
-  python tools/bench_scale.py --data $data --caches encoded --batch 64 --span 200,600 \
+  # spans within the set's one epoch (20k images: 312 batches of 64)
+  python tools/bench_scale.py --data $data --caches encoded --batch 64 --span 100,180 \
     --trace 8 --trace-to "$OUT/e-trace-{cache}-{batch}.json.gz" --out "$OUT/e-scale.json" 2>&1 \
     | tee "$OUT/e-scale.log" | grep -v '^{'
   for mode in gil idle; do
     flags=(--gil); [[ $mode == idle ]] && flags=(--idle)
     timeout 240 py-spy record "${flags[@]}" --threads --subprocesses --nonblocking -r 200 -f raw \
       -o "$OUT/e-pyspy-$mode.txt" -- python tools/bench_scale.py --data $data --caches encoded \
-      --batch 64 --span 200,600 --no-step --out "$OUT/e-scale-pyspy-$mode.json" \
+      --batch 64 --span 100,180 --no-step --out "$OUT/e-scale-pyspy-$mode.json" \
       > "$OUT/e-pyspy-$mode.log" 2>&1
     echo "py-spy $mode rc=$?" | tee -a "$OUT/e-pyspy-$mode.log"
   done
