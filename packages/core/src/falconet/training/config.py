@@ -89,7 +89,7 @@ class TrainConfig(BaseModel):
         "auto",
         description="cache=encoded and stream: the share of the JPEG files decoded on the "
         "CPU's reader threads beside nvJPEG (0 to 1; auto: from the cores the process may "
-        "use, none up to 4, at most half)",
+        "use per rank, none up to 4, at most 0.75)",
     )
     fraction: float = Field(
         1.0, gt=0, le=1, description="train on this leading fraction of the train split"
