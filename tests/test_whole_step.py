@@ -399,13 +399,18 @@ def test_whole_step_takes_auto_in_a_distributed_run(installed_falconet_plugins):
     assert choose_graph("auto", context, net, installed_falconet_plugins)[0] == "whole-step"
 
 
-def test_the_yolo_family_declares_its_static_loss(installed_falconet_plugins):
-    """``tal`` always; ``hungarian`` where it solves on the GPU (on a CPU machine, not)."""
+def test_the_yolo_family_asks_its_assigner_whether_its_loss_is_static(installed_falconet_plugins):
+    """What each assigner declares for the device: ``tal`` everywhere; ``hungarian`` on a GPU
+    where it solves there (on a CPU machine, nowhere); ``simota`` nowhere yet."""
     from falconet_detect.assigners.gpu_solver import gpu_solver
 
-    family = installed_falconet_plugins.families.get("yolo")
-    assert family.static_loss("tal") and not family.static_loss("simota")
-    assert family.static_loss("hungarian") == (gpu_solver() is not None)
+    plugins = installed_falconet_plugins
+    family, assigner = plugins.families.get("yolo"), plugins.assigners.get
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert family.static_loss(assigner("tal"), cpu) and family.static_loss(assigner("tal"), cuda)
+    assert not family.static_loss(assigner("simota"), cuda)
+    assert not family.static_loss(assigner("hungarian"), cpu)
+    assert family.static_loss(assigner("hungarian"), cuda) == (gpu_solver() is not None)
 
 
 @pytest.mark.skipif(

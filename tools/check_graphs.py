@@ -170,9 +170,9 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
     run's parts with the distributed run's ``replicate``, built by the same graph backend."""
     import dataclasses
 
-    from falconet.interfaces import GraphContext
+    from falconet.training.assembly import graph_context
     from falconet.training.collectives import RankCollectives
-    from falconet.training.distributed import replicate
+    from falconet.training.distributed import World, replicate
 
     run = trainer.run
     if run.parts.replicate is not None:  # already distributed (torchrun with several ranks)
@@ -183,14 +183,7 @@ def replicate_step(trainer: Any, plugins: Any) -> None:
         replicate=functools.partial(replicate, device=run.device),
         collectives=collectives,
     )
-    context = GraphContext(
-        run.device,
-        run.precision.name,
-        world_size=1,
-        capture_region=run.family.capture_region(run.model),
-        options=run.config.model_dump(),
-        static_loss=run.family.static_loss(run.config.assigner),
-    )
+    context = graph_context(run.family, plugins, run.config, run.parts, World())
     run.step = plugins.graph_backends.get(run.graph).build_step(run.parts, context)
 
 

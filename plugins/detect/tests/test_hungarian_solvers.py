@@ -10,7 +10,7 @@ import torch
 from torch_linear_assignment import batch_linear_assignment
 
 from falconet.interfaces import Predictions
-from falconet_detect.assigners import HUNGARIAN, reads_nothing_back
+from falconet_detect.assigners import HUNGARIAN, SIMOTA, TAL
 from falconet_detect.assigners.gpu_solver import gpu_solver, match_on_device
 from falconet_detect.assigners.hungarian import HungarianAssigner, match_on_host
 from falconet_testing.contracts.assigner import assigner_inputs
@@ -59,11 +59,12 @@ def test_no_box_and_no_slot_batches_give_no_foreground():
 
 
 def test_on_the_cpu_the_assigner_solves_with_scipy_and_declares_a_sync():
-    """Off the GPU the step synchronises once for the matching, so its loss is not static."""
+    """Off the GPU the step synchronises once for the matching, so it is not static there."""
+    cpu = torch.device("cpu")
+    assert not HUNGARIAN.static_on(cpu) and TAL.static_on(cpu) and not SIMOTA.static_on(cpu)
     if torch.cuda.is_available():
-        pytest.skip("the CPU machine's declaration")
-    assert gpu_solver() is None and not reads_nothing_back("hungarian")
-    assert reads_nothing_back("tal") and not reads_nothing_back("simota")
+        pytest.skip("the CPU machine's declaration for a CUDA device")
+    assert gpu_solver() is None and not HUNGARIAN.static_on(torch.device("cuda"))
 
 
 needs_gpu_solver = pytest.mark.skipif(
@@ -97,4 +98,5 @@ def test_on_the_gpu_the_assignment_is_scipys_and_reads_nothing_back():
         recorded = HUNGARIAN(predictions, targets)
     graph.replay()
     assert torch.equal(recorded.foreground, got.foreground)
-    assert reads_nothing_back("hungarian")
+    assert HUNGARIAN.static_on(device)
+    assert not HungarianAssigner(on_gpu=False).static_on(device)

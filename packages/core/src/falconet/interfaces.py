@@ -77,10 +77,12 @@ class ModelFamily(Protocol):
         """Training keys this model trains best with (``optimizer``, ``lr0``, ``imgsz``, ...)."""
         ...
 
-    def static_loss(self, assigner: str) -> bool:
-        """Whether the loss built with the assigner named ``assigner`` is static-shaped and
-        free of host synchronisation for a fixed input shape and target bucket, so a graph
-        backend may capture the whole step (``False`` when unsure)."""
+    def static_loss(self, assigner: Assigner, device: torch.device) -> bool:
+        """Whether the loss built with ``assigner`` is static-shaped and free of host
+        synchronisation on ``device`` for a fixed input shape and target bucket, so a graph
+        backend may capture the whole step (``False`` when unsure). What the assigner does is
+        its own to declare (:meth:`Assigner.static_on`): the family asks it, and answers for
+        the rest of its loss."""
         ...
 
     def capture_region(self, model: nn.Module) -> nn.Module | None:
@@ -193,6 +195,15 @@ class Assigner(Protocol):
         an assigner may work on the ``N`` real boxes or on the ``B x M`` slots; padding (slots
         past ``counts``, rows of image ``B``) must change nothing.
         """
+        ...
+
+    def static_on(self, device: torch.device) -> bool:
+        """Whether on ``device`` the assignment is static-shaped (its tensors' shapes depend
+        on the inputs' shapes alone) and reads nothing back to the host, so that a loss built
+        on it may be recorded with the whole step (``False`` when unsure).
+        ``falconet_testing.contracts.AssignerContract`` checks a ``True``: on the CPU by
+        running the assigner on shapes alone (``meta`` tensors), on a GPU with CUDA's sync
+        debug mode set to error and inside a CUDA graph."""
         ...
 
 

@@ -18,6 +18,11 @@ from falconet_testing.fixtures import fresh_plugins
 _counter = itertools.count()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The marker the contract suites put on their GPU checks."""
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason elsewhere")
+
+
 @pytest.fixture
 def falconet_plugins() -> Plugins:
     """A fresh manager holding falconet's built-ins only (no installed plugin, no env flags)."""

@@ -50,13 +50,11 @@ class YoloFamily:
             "assigner": "tal",
         }
 
-    def static_loss(self, assigner: str) -> bool:
-        """The loss is static-shaped for a fixed input size and target bucket; whether it reads
-        nothing back to the host (so the whole step can be one graph) is the assigner's:
-        ``tal`` always, ``hungarian`` where it solves on the GPU, SimOTA's dynamic k never."""
-        from falconet_detect.assigners import reads_nothing_back
-
-        return reads_nothing_back(assigner)
+    def static_loss(self, assigner: Assigner, device: Any) -> bool:
+        """The loss is static-shaped for a fixed input size and target bucket and reads
+        nothing back to the host; whether its assignment does too (so the whole step can be
+        one graph) is the assigner's to say (:meth:`Assigner.static_on`)."""
+        return assigner.static_on(device)
 
     def capture_region(self, model: Any):
         """The whole network: static shapes for a fixed input size, no data-dependent

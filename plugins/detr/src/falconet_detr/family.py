@@ -78,14 +78,13 @@ class DetrFamily:
             "query_groups": 1,
         }
 
-    def static_loss(self, assigner: str) -> bool:
+    def static_loss(self, assigner: Assigner, device: Any) -> bool:
         """The loss has static shapes (a fixed query count, static denoising groups over the
-        padded targets); it reads nothing back to the host where the matching does not:
-        ``hungarian`` on a GPU where its solver runs there. Elsewhere a backend that records
-        the whole step declines, and the network alone is recorded."""
-        from falconet_detect.assigners import reads_nothing_back
-
-        return reads_nothing_back(assigner)
+        padded targets) and reads nothing back to the host where its matching does not, which
+        the matcher declares (:meth:`Assigner.static_on`; ``hungarian``: on a GPU where its
+        solver runs). Elsewhere a backend that records the whole step declines, and the
+        network alone is recorded."""
+        return assigner.static_on(device)
 
     def capture_region(self, model: Any):
         """The whole network: static shapes for a fixed input size (a fixed query count, the

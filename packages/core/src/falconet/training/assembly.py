@@ -166,7 +166,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         replicate=functools.partial(replicate, device=device) if world.distributed else None,
         collectives=rank_collectives(world.size, cfg.dist_timeout),
     )
-    context = graph_context(plan, cfg, model, precision, device, world)
+    context = graph_context(plan.family, plugins, cfg, parts, world)
     graph, backend = choose_graph(cfg.graph, context, model, plugins)
     return Run(
         config=cfg,
@@ -201,21 +201,18 @@ def synthetic_boxes(cfg: TrainConfig, dataset: Dataset) -> int:
 
 
 def graph_context(
-    plan: Plan,
-    cfg: TrainConfig,
-    model: nn.Module,
-    precision: PrecisionBackend,
-    device: torch.device,
-    world: World,
+    family: ModelFamily, plugins: Plugins, cfg: TrainConfig, parts: StepParts, world: World
 ) -> GraphContext:
-    """What the graph backends decide by for this run's ``model``."""
+    """What the graph backends decide by for the step of ``parts``: among it the family's
+    capture region, and whether its loss with the run's assigner is static on the device."""
+    assigner = plugins.assigners.get(cfg.assigner)
     return GraphContext(
-        device,
-        precision.name,
+        parts.device,
+        parts.precision.name,
         world_size=world.size,
-        capture_region=plan.family.capture_region(model),
+        capture_region=family.capture_region(parts.model),
         options=cfg.model_dump(),
-        static_loss=plan.family.static_loss(cfg.assigner),
+        static_loss=family.static_loss(assigner, parts.device),
     )
 
 
@@ -282,7 +279,7 @@ def probe_step(
             phases=Phases(),
             device=device,
         )
-        context = graph_context(plan, cfg, model, precision, device, world)
+        context = graph_context(plan.family, plugins, cfg, parts, world)
         step = choose_graph(cfg.graph, context, model, plugins)[1].build_step(parts, context)
         images, targets = synthetic_batch(batch, cfg.imgsz, boxes, len(dataset.names), device)
         for call in range(PROBE_CALLS):

@@ -1,7 +1,9 @@
-"""What every label assigner must do, on seeded random predictions and padded targets."""
+"""What every label assigner must do, on seeded random predictions and padded targets, and
+that what it declares static (:meth:`falconet.interfaces.Assigner.static_on`) is so."""
 
 from __future__ import annotations
 
+from dataclasses import astuple
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
@@ -39,6 +41,14 @@ def assigner_inputs(seed: int = 0) -> tuple[Predictions, Targets]:
         anchor_strides=torch.full((64, 1), 8.0),
     )
     return predictions, Targets.from_padded(gt_boxes, gt_labels, counts)
+
+
+def inputs_on(device: Any, seed: int = 0) -> tuple[Predictions, Targets]:
+    """:func:`assigner_inputs` on ``device`` (``"meta"``: their shapes alone, no values)."""
+    from falconet.interfaces import Predictions
+
+    predictions, targets = assigner_inputs(seed)
+    return Predictions(*(t.to(device) for t in astuple(predictions))), targets.to(device)
 
 
 class AssignerContract:
@@ -96,6 +106,55 @@ class AssignerContract:
         again = self.assigner(*inputs)
         assert torch.equal(out.foreground, again.foreground)
         assert torch.equal(out.labels, again.labels) and torch.equal(out.scores, again.scores)
+
+    def test_declares_where_it_is_static(self) -> None:
+        import torch
+
+        for device in (torch.device("cpu"), torch.device("cuda", 0)):  # asked, not used
+            static = self.assigner.static_on(device)
+            assert isinstance(static, bool), f"static_on({device}) is a bool, got {static!r}"
+
+    def test_static_on_the_cpu_runs_on_shapes_alone(self) -> None:
+        """Declared static on the CPU, it runs on ``meta`` tensors, which have shapes and no
+        values: an op whose output shape depends on the data (``nonzero``, a boolean mask)
+        or a read back to the host (``item``, ``tolist``, ``numpy``) fails there."""
+        import torch
+
+        if not self.assigner.static_on(torch.device("cpu")):
+            pytest.skip(f"{self.assigner.name} does not declare itself static on the CPU")
+        predictions, targets = inputs_on("cpu")
+        want = self.assigner(predictions, targets)
+        got = self.assigner(*inputs_on("meta"))
+        for field in ("labels", "boxes", "scores", "foreground"):
+            a, b = getattr(want, field), getattr(got, field)
+            assert (b.device.type, b.shape, b.dtype) == ("meta", a.shape, a.dtype), field
+
+    @pytest.mark.gpu
+    def test_static_on_a_gpu_reads_nothing_back_and_replays_from_a_cuda_graph(self) -> None:
+        """Declared static on a CUDA device, it runs with CUDA's sync debug mode set to error
+        (a read back to the host raises) and, recorded in a CUDA graph, its replay gives the
+        assignment it gives eagerly."""
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU; the GPU machine runs it")
+        device = torch.device("cuda", torch.cuda.current_device())
+        if not self.assigner.static_on(device):
+            pytest.skip(f"{self.assigner.name} does not declare itself static on {device}")
+        inputs = inputs_on(device)
+        self.assigner(*inputs)  # kernels built and libraries loaded before the checked call
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            want = self.assigner(*inputs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            recorded = self.assigner(*inputs)
+        graph.replay()
+        for field in ("labels", "boxes", "scores", "foreground"):
+            assert torch.equal(getattr(recorded, field), getattr(want, field)), field
 
     @pytest.mark.parametrize("bucket", [(6, 32), (16, 16), (16, 32)], ids=str)
     def test_padding_to_a_larger_bucket_changes_nothing(self, case, bucket) -> None:

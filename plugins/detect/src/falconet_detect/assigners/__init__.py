@@ -2,7 +2,8 @@
 (:mod:`falconet.interfaces`, :mod:`falconet.data.targets`).
 
 What the plugin registers is a :class:`LazyAssigner`: its name and summary cost nothing, and
-the implementation (which imports torch) loads on the first call.
+the implementation (which imports torch) loads on the first call. Each implementation declares
+where it is static-shaped and reads nothing back (``static_on``), which the families ask.
 """
 
 from __future__ import annotations
@@ -11,22 +12,32 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from falconet.data.targets import Targets
     from falconet.interfaces import Assignment, Predictions
 
 
 class LazyAssigner:
-    """A registered assigner whose implementation ``module:Class`` is imported when called."""
+    """A registered assigner whose implementation ``module:Class`` is imported when first
+    called or asked where it is static."""
 
     def __init__(self, name: str, summary: str, target: str, **options: Any) -> None:
         self.name, self.summary, self._target, self._options = name, summary, target, options
         self._impl: Any = None
 
     def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
+        return self._implementation()(predictions, targets)
+
+    def static_on(self, device: torch.device) -> bool:
+        """The implementation's own (:meth:`falconet.interfaces.Assigner.static_on`)."""
+        return self._implementation().static_on(device)
+
+    def _implementation(self) -> Any:
         if self._impl is None:
             module, cls = self._target.split(":")
             self._impl = getattr(import_module(module), cls)(**self._options)
-        return self._impl(predictions, targets)
+        return self._impl
 
 
 TAL = LazyAssigner(
@@ -44,17 +55,3 @@ HUNGARIAN = LazyAssigner(
     "one anchor per box at minimum cost: on the GPU without a host sync, else scipy",
     "falconet_detect.assigners.hungarian:HungarianAssigner",
 )
-
-
-def reads_nothing_back(assigner: str) -> bool:
-    """Whether ``assigner`` runs with static shapes and no host synchronisation on this
-    machine's GPU, so that a loss built on it can be recorded: ``tal`` always, ``hungarian``
-    where its GPU solver runs (:func:`gpu_solver.gpu_solver`); SimOTA's dynamic k is never
-    static."""
-    if assigner == "tal":
-        return True
-    if assigner == "hungarian":
-        from falconet_detect.assigners.gpu_solver import gpu_solver
-
-        return gpu_solver() is not None
-    return False

@@ -41,6 +41,11 @@ class HungarianAssigner:
         self.cls_weight, self.l1_weight, self.giou_weight = cls_weight, l1_weight, giou_weight
         self.on_gpu = on_gpu
 
+    def static_on(self, device: torch.device) -> bool:
+        """On a CUDA device where the Triton solver runs (:func:`gpu_solver`), unless
+        ``on_gpu`` is off; elsewhere scipy solves, reading the costs back once a step."""
+        return self.on_gpu and device.type == "cuda" and gpu_solver() is not None
+
     @torch.no_grad()
     def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
         """Per slot (``[B, M, A]``): the per-box view is not used."""

@@ -30,6 +30,11 @@ class SimOTAAssigner:
     def __init__(self, candidates: int = 10, radius: float = 2.5, iou_weight: float = 3.0) -> None:
         self.candidates, self.radius, self.iou_weight = candidates, radius, iou_weight
 
+    def static_on(self, device: torch.device) -> bool:
+        """Nowhere yet: its shapes are static (module docstring), but the whole step has not
+        been recorded with it and checked against eager on a GPU, so no backend records it."""
+        return False
+
     @torch.no_grad()
     def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
         """Per slot (``[B, M, A]``): the per-box view is not used."""

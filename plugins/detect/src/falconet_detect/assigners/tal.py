@@ -45,6 +45,11 @@ class TaskAlignedAssigner:
     def __init__(self, topk: int = 10, alpha: float = 0.5, beta: float = 6.0) -> None:
         self.topk, self.alpha, self.beta = topk, alpha, beta
 
+    def static_on(self, device: torch.device) -> bool:
+        """On every device: masks are multiplications and selections have fixed sizes
+        (module docstring)."""
+        return True
+
     @torch.no_grad()
     def __call__(self, predictions: Predictions, targets: Targets) -> Assignment:
         """Row ``n`` of the per-box view is box ``box_slots[n]`` of image ``box_images[n]``;
