@@ -133,12 +133,34 @@ def test_help_lists_every_key_with_default(falconet_cli, installed_falconet_plug
     assert "compile_mode" in [key for key, *_, owner in rows if owner == CORE]
 
 
-def test_early_stopping_fires(falconet_cli, tiny_run, tmp_path):
-    # no epoch can gain 0.5 mAP over the one before: patience 1 stops after the second epoch
-    done = falconet_cli("train", *_pairs(tiny_run), "epochs=6", "patience=1", "min_delta=0.5")
+def test_early_stopping_fires_on_the_metric_asked_for(falconet_cli, tiny_run, tmp_path):
+    # no epoch can gain 0.5 mAR over the one before: patience 1 stops after the second epoch
+    keys = ("epochs=6", "patience=1", "min_delta=0.5", "metric=mar100")
+    done = falconet_cli("train", *_pairs(tiny_run), *keys)
     assert done.returncode == 0, done.stderr
-    assert "early stop: fitness has not improved" in done.stderr
-    assert len(_rows(tmp_path / "runs" / "exp")) == 2
+    assert "early stop: mar100 has not improved" in done.stderr
+    rows = _rows(tmp_path / "runs" / "exp")
+    assert len(rows) == 2
+    # the followed number is the validator's mAR100, logged with the patience counter
+    assert [r["fitness"] for r in rows] == [r["metrics/mAR100"] for r in rows]
+    counters = [line for line in done.stderr.splitlines() if "validations without a gain" in line]
+    assert len(counters) == 2
+    assert "0 of patience 1" in counters[0] and "1 of patience 1" in counters[1]
+    assert f"best {float(rows[0]['fitness']):.4f} at epoch 1" in counters[1]
+
+
+@pytest.mark.parametrize("weights", ["ema", "raw"])
+def test_best_pt_keeps_the_weights_validation_scored(falconet_cli, tiny_run, tmp_path, weights):
+    """One epoch: its validation is the best, so best.pt holds exactly the weights it scored,
+    the EMA's or the raw model's (both in last.pt, which differ after an epoch)."""
+    done = falconet_cli("train", *_pairs(tiny_run), "epochs=1", f"val_weights={weights}")
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "runs" / "exp" / "weights"
+    best, last = load_checkpoint(folder / "best.pt"), load_checkpoint(folder / "last.pt")
+    raw, ema = last["model"], last["ema"]["state"]
+    assert any(not torch.equal(raw[k], ema[k]) for k in raw)
+    scored = ema if weights == "ema" else raw
+    assert all(torch.equal(best["weights"][k], scored[k]) for k in scored)
 
 
 def test_refuses_a_checkpoint_with_an_arbitrary_object(falconet_cli, tmp_path):

@@ -152,8 +152,18 @@ class TrainConfig(BaseModel):
     eval_backend: str = Field(
         "auto", description="COCO evaluator: auto (fastest installed), pycocotools, ..."
     )
-    metric: Literal["map50-95", "map50", "fitness"] = Field(
-        "fitness", description="best.pt and early-stopping metric (fitness: 0.1 mAP50 + 0.9 mAP)"
+    metric: Literal[
+        "fitness", "map50-95", "map50", "map75", "mar1", "mar10", "mar100", "mars", "marm", "marl"
+    ] = Field(
+        "fitness",
+        description="best.pt and early-stopping metric: any of the validator's mAP / mAR stats "
+        "(map50-95, map50, map75, mar1, mar10, mar100, mars, marm, marl) or fitness (0.1 "
+        "mAP50 + 0.9 mAP50-95)",
+    )
+    val_weights: Literal["ema", "raw"] = Field(
+        "ema",
+        description="the weights validation scores and best.pt keeps: the EMA's (raw where the "
+        "run keeps no EMA) or the raw model's",
     )
     patience: int = Field(50, ge=0, description="stop after N validations without improvement")
     min_delta: float = Field(0.0, ge=0, description="smallest metric gain that counts")

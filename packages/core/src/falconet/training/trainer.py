@@ -50,7 +50,7 @@ from falconet.training.run_state import Installed, RunState
 
 log = logging.getLogger("falconet.train")
 
-METRIC_COLUMNS = ("metrics/mAP50-95", "metrics/mAP50", "fitness")
+METRIC_COLUMNS = ("metrics/mAP50-95", "metrics/mAP50", "metrics/mAR100", "fitness")
 RELEASE_WRITE_BY = 32
 """The batch of an epoch by which the previous epoch's checkpoint write is released at the
 latest (:func:`write_release_batch`)."""
@@ -359,12 +359,23 @@ class Trainer:
                     f"for {self.bad_validations} validations (patience={cfg.patience}); best "
                     f"{self.best:.4f} at epoch {self.best_epoch}"
                 )
-        values = (result.stats["AP"], result.stats["AP50"], score)
+        log.info(
+            "val: %s %.4f, best %.4f at epoch %d; %d of patience %s validations without a gain "
+            "over %s",
+            cfg.metric,
+            score,
+            self.best,
+            self.best_epoch,
+            self.bad_validations,
+            cfg.patience or "off (0)",
+            cfg.min_delta,
+        )
+        values = (result.stats["AP"], result.stats["AP50"], result.stats["AR100"], score)
         return {k: round(v, 5) for k, v in zip(METRIC_COLUMNS, values, strict=True)}
 
     def validate(self) -> EvalResult | None:
-        """Evaluate the EMA weights (the model's, without EMA) on the val split (in a
-        distributed run each rank predicts its share and rank 0 scores them: ``None``
+        """Evaluate the weights of ``val_weights`` (:meth:`_weights_module`) on the val split
+        (in a distributed run each rank predicts its share and rank 0 scores them: ``None``
         elsewhere)."""
         run, cfg = self.run, self.cfg
         module = self._weights_module()
@@ -393,8 +404,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------ checkpoints
     def _weights_module(self) -> torch.nn.Module:
-        """What validation and ``best.pt`` use: the EMA's weights, else the model's."""
-        return self.run.ema.module if self.run.ema is not None else self.run.model
+        """What validation and ``best.pt`` use (``val_weights``): the EMA's weights where the
+        run keeps an EMA and ``val_weights=ema``, else the model's."""
+        if self.run.ema is not None and self.cfg.val_weights == "ema":
+            return self.run.ema.module
+        return self.run.model
 
     def _save(self) -> None:
         """``last.pt`` every epoch (full state); ``best.pt`` when the metric improved. The

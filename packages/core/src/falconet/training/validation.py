@@ -132,7 +132,24 @@ def evaluate_split(
     )
 
 
+METRIC_STATS = {
+    "map50-95": "AP",
+    "map50": "AP50",
+    "map75": "AP75",
+    "mar1": "AR1",
+    "mar10": "AR10",
+    "mar100": "AR100",
+    "mars": "ARs",
+    "marm": "ARm",
+    "marl": "ARl",
+}
+"""``metric=`` names and the COCO stat each follows (``fitness`` mixes two)."""
+
+
 def fitness(result: EvalResult, metric: str) -> float:
-    """The number ``best.pt`` and early stopping follow (higher is better)."""
-    ap, ap50 = max(result.stats["AP"], 0.0), max(result.stats["AP50"], 0.0)
-    return {"map50-95": ap, "map50": ap50, "fitness": 0.1 * ap50 + 0.9 * ap}[metric]
+    """The number ``best.pt`` and early stopping follow (higher is better; an undefined stat,
+    ``-1`` as pycocotools gives it where no ground truth falls in its range, counts as 0)."""
+    if metric == "fitness":
+        ap, ap50 = max(result.stats["AP"], 0.0), max(result.stats["AP50"], 0.0)
+        return 0.1 * ap50 + 0.9 * ap
+    return max(result.stats[METRIC_STATS[metric]], 0.0)
