@@ -38,10 +38,7 @@ def keys(tiny_run):
 def run_for(keys, plugins, recorder=None) -> Run:
     run = assemble(plan_run(keys, plugins), plugins)
     if recorder is not None:
-        options = run.config.model_dump()
-        cuda_keys = GraphContext(run.device, run.precision.name, options=options).keys(
-            GraphsCudaKeys
-        )
+        cuda_keys = GraphContext(run.device, run.precision, config=run.config).keys(GraphsCudaKeys)
         run.step = WholeStep(run.parts, cuda_keys, recorder)
     return run
 

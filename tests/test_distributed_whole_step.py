@@ -51,7 +51,7 @@ def arm(failing_rank=None):
     if failing_rank is not None:  # the eager DDP step assemble made is dropped (and its
         run.step = None  # reducer's hooks with it)
         gc.collect()
-        options = GraphContext(run.device, run.precision.name, options=run.config.model_dump())
+        options = GraphContext(run.device, run.precision, config=run.config)
         recorder = EagerStepRecorder(fail=dist.get_rank() == failing_rank)
         run.step = WholeStep(run.parts, options.keys(GraphsCudaKeys), recorder)
     return run

@@ -11,6 +11,7 @@ import torch
 
 from falconet import hookspecs
 from falconet.interfaces import GraphContext
+from falconet.precision import FP32
 from falconet.training.phases import Phases
 from falconet.training.step import Progress, StepParts
 
@@ -70,8 +71,8 @@ def test_the_minimal_plugin_example_registers_and_runs(falconet_plugins, add_fal
         device=torch.device("cpu"),
     )
     images = torch.rand(1, 3, 8, 8)
-    for options in ({}, {"acme_channels_last": False}):
-        context = GraphContext(device=torch.device("cpu"), precision="fp32", options=options)
+    for config in (None, module.AcmeKeys(acme_channels_last=False)):
+        context = GraphContext(torch.device("cpu"), FP32, config=config)
         assert backend.decline_reason(context) is None
         step = backend.build_step(parts, context)
         loss, _ = step(images, None, update=False)

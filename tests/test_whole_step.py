@@ -43,9 +43,7 @@ def keys(tiny_run):
 
 def cuda_keys(run: Run) -> GraphsCudaKeys:
     """The run's values of the plugin's keys, as the backend reads them."""
-    return GraphContext(run.device, run.precision.name, options=run.config.model_dump()).keys(
-        GraphsCudaKeys
-    )
+    return GraphContext(run.device, run.precision, config=run.config).keys(GraphsCudaKeys)
 
 
 def run_for(keys, plugins, recorder=None) -> Run:
@@ -363,38 +361,64 @@ def test_the_whole_step_runs_as_one_phase(keys, installed_falconet_plugins):
     assert stats.replayed + stats.eager == 8
 
 
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    "sgd without momentum": lambda params: torch.optim.SGD(params, lr=0.01),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.01),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
+}
+
+
 @pytest.mark.parametrize(
-    ("precision", "options", "static", "reason"),
+    ("optimizer", "scaled", "static", "reason"),
     [
-        ("bf16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
-        ("fp16", {"optimizer": "sgd", "momentum": 0.9}, True, None),
-        ("fp16", {"optimizer": "adamw", "momentum": 0.9}, True, "step count"),
-        ("bf16", {"optimizer": "adamw", "momentum": 0.9}, True, None),
-        ("fp32", {"optimizer": "lion", "momentum": 0.9}, True, "only sgd and adamw"),
-        ("bf16", {"optimizer": "sgd", "momentum": 0.0}, True, "momentum"),
-        ("bf16", {"optimizer": "sgd", "momentum": 0.9, "assigner": "simota"}, False, "simota"),
+        ("sgd", False, True, None),
+        ("sgd", True, True, None),
+        ("adamw", True, True, "step count"),
+        ("adamw", False, True, None),
+        ("adam", False, True, "only SGD and AdamW"),
+        (None, False, True, "no optimizer: only SGD and AdamW"),
+        ("sgd without momentum", False, True, "momentum"),
+        ("sgd", False, False, "static-shaped loss"),
     ],
 )
-def test_whole_step_declines_what_it_cannot_capture(precision, options, static, reason):
+def test_whole_step_declines_what_it_cannot_capture(optimizer, scaled, static, reason):
+    """It decides by the objects it is handed: the built optimizer, the loss scaler (fp16's),
+    the family's answer for the run's assigner; never by a key's name or value."""
+    from falconet.precision import BF16, FP16
+
+    net = torch.nn.Linear(1, 1)
     context = GraphContext(
         torch.device("cuda", 0),
-        precision,
-        capture_region=torch.nn.Linear(1, 1),
-        options=options,
+        FP16 if scaled else BF16,
+        capture_region=net,
         static_loss=static,
+        optimizer=None if optimizer is None else OPTIMIZERS[optimizer](net.parameters()),
+        scaler=LossScaler("cpu") if scaled else None,
     )
     got = WholeStepBackend().decline_reason(context)
     assert got is None if reason is None else reason in got
 
 
+def test_the_static_step_refuses_what_the_backend_declines(keys, installed_falconet_plugins):
+    """One rule for both (:func:`falconet_graphs_cuda.static_update.unsupported`)."""
+    from falconet_graphs_cuda.static_step import StaticStep
+
+    run = run_for(keys, installed_falconet_plugins)
+    parts = dataclasses.replace(run.parts, optimizer=OPTIMIZERS["adam"](run.model.parameters()))
+    with pytest.raises(TypeError, match="only SGD and AdamW steps are captured"):
+        StaticStep(parts, cuda_keys(run))
+
+
 def test_whole_step_takes_auto_in_a_distributed_run(installed_falconet_plugins):
     """It records the gradients' all-reduce in the step (tests/test_distributed_whole_step.py),
     so a distributed run no longer makes it decline."""
+    from falconet.precision import BF16
     from falconet.training.backends import choose_graph
 
     net = torch.nn.Linear(1, 1)
-    options = {"optimizer": "sgd", "momentum": 0.9}
-    context = GraphContext(torch.device("cuda", 0), "bf16", 2, net, options, static_loss=True)
+    sgd = OPTIMIZERS["sgd"](net.parameters())
+    context = GraphContext(torch.device("cuda", 0), BF16, 2, net, True, sgd)
     assert WholeStepBackend().decline_reason(context) is None
     assert choose_graph("auto", context, net, installed_falconet_plugins)[0] == "whole-step"
 

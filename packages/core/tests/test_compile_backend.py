@@ -11,22 +11,27 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.graph_backends.compile import CompileBackend, CompiledNetwork, own_grads
+from falconet.graph_backends.compile import (
+    CompileBackend,
+    CompiledNetwork,
+    CompileKeys,
+    own_grads,
+)
 from falconet.interfaces import GraphContext
 from falconet.plugins import Plugins
-from falconet.precision import FP32
+from falconet.precision import BF16, FP32
 from falconet.training.config import ConfigError, TrainConfig, build_config, config_model
 from falconet.training.optimization import Schedule
 from falconet.training.phases import Phases
 from falconet.training.step import CaptureStats, EagerStep, Progress, StepParts
 
 
-def _context(device="cpu", region=True, precision="fp32", **options) -> GraphContext:
+def _context(device="cpu", region=True, precision=FP32, **keys) -> GraphContext:
     return GraphContext(
         torch.device(device),
         precision,
         capture_region=nn.Identity() if region else None,
-        options=options,
+        config=CompileKeys(**keys),
     )
 
 
@@ -68,8 +73,8 @@ def test_declines_with_a_reason():
     reason = backend.decline_reason(_context(compile_mode="reduce-overhead"))
     assert "needs a CUDA device" in reason
     if any(map(shutil.which, ("c++", "g++", "clang++"))):  # else that is the reason given
-        assert "use amp_dtype=fp32" in backend.decline_reason(_context(precision="bf16"))
-        assert backend.decline_reason(_context(precision="fp32")) is None
+        assert "use amp_dtype=fp32" in backend.decline_reason(_context(precision=BF16))
+        assert backend.decline_reason(_context(precision=FP32)) is None
 
 
 def test_builds_an_eager_step_around_the_compiled_network():
@@ -170,8 +175,6 @@ def test_own_grads_copies_a_gradient_once_per_accumulation():
 def test_compile_declines_under_ddp():
     """The compiled module would call the model, not DDP's wrapper, and skip the all-reduce."""
     reason = CompileBackend().decline_reason(
-        GraphContext(
-            torch.device("cpu"), "fp32", world_size=2, capture_region=torch.nn.Linear(1, 1)
-        )
+        GraphContext(torch.device("cpu"), FP32, world_size=2, capture_region=torch.nn.Linear(1, 1))
     )
     assert reason is not None and "DDP" in reason

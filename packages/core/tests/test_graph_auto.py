@@ -15,6 +15,7 @@ from torch import nn
 from falconet.graph_backends.eager import EagerBackend
 from falconet.interfaces import GraphBackend, GraphContext
 from falconet.plugins import Plugins, get_plugins
+from falconet.precision import FP32
 from falconet.registry import Provenance
 from falconet.training.backends import auto_order, choose_graph
 from falconet.training.config import ConfigError, TrainConfig
@@ -40,7 +41,7 @@ class FakeBackend:
 
 
 def _context(model: nn.Module) -> GraphContext:
-    return GraphContext(torch.device("cpu"), "fp32", capture_region=model, options={})
+    return GraphContext(torch.device("cpu"), FP32, capture_region=model)
 
 
 def _plugins(*backends: FakeBackend) -> Plugins:
@@ -127,7 +128,7 @@ def test_a_named_backend_that_declines_falls_back_to_eager_with_a_warning(caplog
 def test_a_capture_region_smaller_than_the_model_is_declined(caplog):
     plugins = _plugins(FakeBackend("fast", 5))
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-    context = GraphContext(torch.device("cpu"), "fp32", capture_region=model[0])
+    context = GraphContext(torch.device("cpu"), FP32, capture_region=model[0])
     with caplog.at_level(logging.INFO, logger="falconet.train"):
         name, _ = choose_graph("auto", context, model, plugins)
     assert name == "eager"

@@ -8,8 +8,6 @@ that replays the static step's functions eagerly on the same static buffers
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from falconet_graphs_cuda.backend import CudaGraphBackend, WholeStepBackend
@@ -29,7 +27,6 @@ class TestCudaGraphContract(GraphBackendContract):
 class TestWholeStepContract(GraphBackendContract):
     backend = WholeStepBackend()
     device = DEVICE
-    options: ClassVar[dict] = {"optimizer": "sgd", "momentum": 0.937}
 
     def build_step(self, parts, context):
         if DEVICE == "cuda":

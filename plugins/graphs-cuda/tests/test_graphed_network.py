@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from falconet.interfaces import GraphContext
+from falconet.precision import BF16, FP32
 from falconet_graphs_cuda.backend import CudaGraphBackend
 from falconet_graphs_cuda.graphed import GraphedNetwork, grad_buffer
 from falconet_graphs_cuda.recording import BufferRecorder
@@ -278,10 +279,10 @@ def test_a_failed_capture_runs_that_shape_eager_and_logs_once(caplog) -> None:
 def test_the_backend_declines_where_it_cannot_run() -> None:
     backend = CudaGraphBackend()
     net = Net()
-    cpu = GraphContext(torch.device("cpu"), "fp32", capture_region=net)
+    cpu = GraphContext(torch.device("cpu"), FP32, capture_region=net)
     assert "CUDA device" in backend.decline_reason(cpu)
     cuda = torch.device("cuda", 0)
-    assert "capture region" in backend.decline_reason(GraphContext(cuda, "bf16", 1, None))
-    assert backend.decline_reason(GraphContext(cuda, "bf16", 1, net)) is None
+    assert "capture region" in backend.decline_reason(GraphContext(cuda, BF16, 1, None))
+    assert backend.decline_reason(GraphContext(cuda, BF16, 1, net)) is None
     # under DDP the graphed network runs through DDP's wrapper, which all-reduces its gradients
-    assert backend.decline_reason(GraphContext(cuda, "bf16", 2, net)) is None
+    assert backend.decline_reason(GraphContext(cuda, BF16, 2, net)) is None

@@ -309,26 +309,33 @@ def validated_keys(options: Mapping[str, Any], model: type[KeysT]) -> KeysT:
 
 @dataclass(frozen=True)
 class GraphContext:
-    """What a graph backend may inspect before it agrees to run the step.
+    """What a graph backend may inspect before it agrees to run the step: the parts it decides
+    by are the step's own objects, to be asked, never names of them.
 
-    ``capture_region`` is the family's declared region (``None``: the family declares none);
-    ``world_size`` is 1 outside distributed runs; ``options`` holds the run's resolved training
-    keys, among them the backend's own (read them typed with :meth:`keys`); ``static_loss``
-    says whether the family declares its loss static-shaped with the run's assigner (see
-    :class:`ModelFamily`), which a backend capturing the whole step needs.
+    ``precision`` is the run's configured precision backend (what its ``autocast`` computes
+    in: :func:`falconet.precision.autocast_dtype`); ``optimizer`` and ``scaler`` are the
+    step's built optimizer and loss scaler (``None``: none, or none to show, as for a
+    backend's first look at a model); ``capture_region`` is the family's declared region
+    (``None``: the family declares none); ``world_size`` is 1 outside distributed runs;
+    ``static_loss`` says whether the family declares its loss static-shaped with the run's
+    assigner on ``device`` (:meth:`ModelFamily.static_loss`), which a backend capturing the
+    whole step needs. ``config`` is the run's resolved configuration, which holds every key
+    a plugin declares: a backend reads its own back, typed, with :meth:`keys`.
     """
 
     device: torch.device
-    precision: str
+    precision: PrecisionBackend
     world_size: int = 1
     capture_region: nn.Module | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
     static_loss: bool = False
+    optimizer: torch.optim.Optimizer | None = None
+    scaler: LossScaler | None = None
+    config: BaseModel | None = None
 
     def keys(self, model: type[KeysT]) -> KeysT:
         """The run's values of the keys ``model`` declares (a plugin's
         :class:`falconet.keys.KeyGroup` model), validated; defaults where the run has none."""
-        return validated_keys(self.options, model)
+        return validated_keys({} if self.config is None else dict(self.config), model)
 
 
 @runtime_checkable

@@ -17,8 +17,20 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from falconet.interfaces import PrecisionContext
+    from falconet.interfaces import PrecisionBackend, PrecisionContext
     from falconet.loss_scaler import LossScaler
+
+
+def autocast_dtype(precision: PrecisionBackend, device: torch.device) -> torch.dtype | None:
+    """The dtype ``precision``'s autocast computes in on ``device`` (``None``: it does not
+    autocast there): what a graph backend asks of the precision it is handed, whatever
+    backend that is."""
+    import torch
+
+    with precision.autocast(device):
+        if not torch.is_autocast_enabled(device.type):
+            return None
+        return torch.get_autocast_dtype(device.type)
 
 
 @dataclass(frozen=True)

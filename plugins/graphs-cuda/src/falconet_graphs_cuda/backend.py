@@ -59,26 +59,16 @@ class WholeStepBackend:
     priority = 20
 
     def decline_reason(self, context: GraphContext) -> str | None:
-        reason = CudaGraphBackend().decline_reason(context)
-        options = context.options
-        if reason is not None:
+        if reason := CudaGraphBackend().decline_reason(context):
             return reason
         if not context.static_loss:
             return (
-                f"the model family declares no static-shaped loss with "
-                f"assigner={options.get('assigner')}"
+                "the model family declares no static-shaped loss with the run's assigner on "
+                "this device (the assigner's static_on)"
             )
-        optimizer = options.get("optimizer", "sgd")
-        if optimizer not in ("sgd", "adamw"):
-            return f"optimizer={optimizer}: only sgd and adamw are captured"
-        if context.precision == "fp16" and optimizer == "adamw":
-            return (
-                "fp16 with adamw: a step the gradient scaler skips must not advance AdamW's "
-                "step count, which lives on the host (use sgd, or bf16)"
-            )
-        if optimizer == "sgd" and not options.get("momentum", 0.0):
-            return "SGD without momentum is not captured (the update reads momentum buffers)"
-        return None
+        from falconet_graphs_cuda.static_update import unsupported
+
+        return unsupported(context.optimizer, scaled=context.scaler is not None)
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
         from falconet_graphs_cuda.keys import GraphsCudaKeys

@@ -47,9 +47,16 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from falconet.precision import autocast_dtype
 from falconet_graphs_cuda.optimizer_state import has_state, make_state, state_tensors
 from falconet_graphs_cuda.side_weight_grads import SideWeightGrads
-from falconet_graphs_cuda.static_update import Group, adamw_update, packed_like, sgd_update
+from falconet_graphs_cuda.static_update import (
+    Group,
+    adamw_update,
+    packed_like,
+    sgd_update,
+    unsupported,
+)
 from falconet_graphs_cuda.step_modes import COMPILED_NETWORK, fused_bn_silu, side_stream_applies
 
 if TYPE_CHECKING:
@@ -84,9 +91,11 @@ class StaticStep:
         # the scalars in the parameters' dtype, as torch.optim's Python floats become
         scalar = {"device": parts.device, "dtype": self.params[0].dtype}
         index = {id(p): i for i, p in enumerate(self.params)}
+        scaler = parts.scaler
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        if reason := unsupported(parts.optimizer, scaled=self.scaler is not None):
+            raise TypeError(f"no static update: {reason}")
         self.adamw = isinstance(parts.optimizer, torch.optim.AdamW)
-        if not (self.adamw or isinstance(parts.optimizer, torch.optim.SGD)):
-            raise TypeError(f"no static update for {type(parts.optimizer).__name__}")
         self.groups = [
             Group(
                 [index[id(p)] for p in group["params"]],
@@ -100,10 +109,6 @@ class StaticStep:
         self.ema_weight = torch.zeros((), **scalar)
         self.flat_ema_weight: torch.Tensor | None = None  # made by _ema, once the EMA is bound
         self.ema_weights: list[torch.Tensor] | None = None
-        scaler = parts.scaler
-        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        if self.scaler is not None and self.adamw:
-            raise TypeError("no static AdamW update with a gradient scaler (see the docstring)")
         # GradScaler.unscale_'s overflow flag, and what an overflowed step's scalars become
         self.found_inf = torch.zeros((), device=parts.device, dtype=torch.float32)
         self.zero, self.one = torch.zeros((), **scalar), torch.ones((), **scalar)
@@ -143,13 +148,12 @@ class StaticStep:
         each one in a kernel of its own in the forward and again in the backward (the cast's
         gradient). Autocast leaves a tensor already in its dtype as it is, and both casts are
         exact conversions, so the step's numbers do not change."""
-        device = self.parts.device
-        with self.parts.precision.autocast(device):
-            enabled = torch.is_autocast_enabled(device.type)
-            dtype = torch.get_autocast_dtype(device.type)
+        dtype = autocast_dtype(self.parts.precision, self.parts.device)
         kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
         cast = {id(p) for m in self.network.modules() if type(m) in kinds for p in m.parameters()}
-        self.cast_indices = [i for i, p in enumerate(self.params) if enabled and id(p) in cast]
+        self.cast_indices = [
+            i for i, p in enumerate(self.params) if dtype is not None and id(p) in cast
+        ]
         self.cast_weights = [  # the leaves the forward reads
             torch.empty_like(self.params[i], dtype=dtype) for i in self.cast_indices
         ]

@@ -1,7 +1,8 @@
 """The optimizer arithmetic of the static step, on device tensors a CUDA graph can replay.
 
 :class:`Group` holds one parameter group's constants and the device scalars its update reads
-(filled on the host before each replay: the schedule moves them); :func:`sgd_update` and
+(filled on the host before each replay: the schedule moves them); :func:`unsupported` says
+which optimizers it can step, from the optimizer itself; :func:`sgd_update` and
 :func:`adamw_update` are ``torch.optim.SGD``'s and ``torch.optim.AdamW``'s steps written with
 those tensors in place of Python numbers; :func:`packed_like` makes the static buffers (the
 gradients, the EMA's weight) as views of one flat tensor, so one kernel acts on all of them.
@@ -32,6 +33,26 @@ class Group:
     b: torch.Tensor
     c: torch.Tensor
     d: torch.Tensor
+
+
+def unsupported(optimizer: torch.optim.Optimizer | None, *, scaled: bool) -> str | None:
+    """Why the static update cannot take ``optimizer``'s steps (``scaled``: with a loss
+    scaler, which skips a step after an overflow), or ``None``: SGD with momentum, with or
+    without the scaler, and AdamW without it. The whole-step backend declines with this
+    reason and the static step refuses what it names, so both decide by the same rule."""
+    if isinstance(optimizer, torch.optim.AdamW):
+        if scaled:
+            return (
+                "AdamW with a loss scaler (fp16): a step the scaler skips must not advance "
+                "AdamW's step count, which lives on the host (use sgd, or bf16)"
+            )
+        return None
+    if isinstance(optimizer, torch.optim.SGD):
+        if not optimizer.defaults.get("momentum"):
+            return "SGD without momentum is not captured (the update reads momentum buffers)"
+        return None
+    kind = "no optimizer" if optimizer is None else type(optimizer).__name__
+    return f"{kind}: only SGD and AdamW steps are captured"
 
 
 def packed_like(

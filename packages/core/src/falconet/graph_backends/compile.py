@@ -69,7 +69,7 @@ class CompileBackend:
             return "compile_mode=reduce-overhead replays CUDA graphs and needs a CUDA device"
         if context.device.type == "cpu" and not any(map(shutil.which, ("c++", "g++", "clang++"))):
             return "Inductor needs a C++ compiler on the CPU and none is on PATH"
-        if context.device.type == "cpu" and context.precision == "bf16":
+        if context.device.type == "cpu" and _autocasts_to_bf16(context):
             # bf16 convolutions flattened and concatenated (the YOLO head) come out of
             # Inductor's CPU kernels wrong, often not finite (docs/lab: the CPU bf16 record)
             return (
@@ -83,6 +83,14 @@ class CompileBackend:
 
         network = CompiledNetwork(parts.model, context.keys(CompileKeys).compile_mode)
         return EagerStep(parts, network, network.stats)
+
+
+def _autocasts_to_bf16(context: GraphContext) -> bool:
+    import torch
+
+    from falconet.precision import autocast_dtype
+
+    return autocast_dtype(context.precision, context.device) == torch.bfloat16
 
 
 class CompiledNetwork:

@@ -208,11 +208,13 @@ def graph_context(
     assigner = plugins.assigners.get(cfg.assigner)
     return GraphContext(
         parts.device,
-        parts.precision.name,
+        parts.precision,
         world_size=world.size,
         capture_region=family.capture_region(parts.model),
-        options=cfg.model_dump(),
         static_loss=family.static_loss(assigner, parts.device),
+        optimizer=parts.optimizer,
+        scaler=parts.scaler,
+        config=cfg,
     )
 
 

@@ -6,12 +6,15 @@ state and batches, once with :class:`falconet.training.step.EagerStep` and once 
 backend's step, and compares losses, weights, optimizer state, EMA and update counts. Set
 ``exact = False`` (with ``rtol``/``atol``) for a backend whose kernels round differently from
 eager (``compile``). A backend that declines on ``device`` skips the training tests with its
-reason. ``build_step`` may be overridden to drive a backend on the CPU with a stand-in recorder
-(the whole step's logic, with its recordings run eagerly on the same static buffers).
+reason. Its context holds the step's own objects (:class:`falconet.interfaces.GraphContext`:
+the precision backend, optimizer and scaler themselves), and it is asked with each built-in
+precision. ``build_step`` may be overridden to drive a backend on the CPU with a stand-in
+recorder (the whole step's logic, with its recordings run eagerly on the same static buffers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import pytest
@@ -61,6 +64,7 @@ def sample_batches(device: Any) -> list[tuple[Any, Any]]:
 def sample_parts(device: Any) -> Any:
     import torch
 
+    from falconet.precision import FP32
     from falconet.training.config import TrainConfig
     from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
     from falconet.training.phases import Phases
@@ -72,7 +76,7 @@ def sample_parts(device: Any) -> Any:
         model=model,
         loss=_loss,
         optimizer=build_optimizer(model, cfg, ACCUMULATE),
-        precision=_FP32,
+        precision=FP32,
         scaler=None,
         ema=ModelEMA(model, cfg.ema_decay, cfg.ema_tau),
         clip_grad=cfg.clip_grad,
@@ -102,26 +106,15 @@ def _state(parts: Any) -> list[Any]:
     return tensors
 
 
-class _FP32Precision:
-    name = "fp32"
-
-    def autocast(self, device: Any) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
-
-
-_FP32 = _FP32Precision()
-
-
 class GraphBackendContract:
     """Subclass with ``backend`` (an instance registered by your plugin); set ``device``
-    (default ``cpu``), ``options`` (the run's keys the backend reads), and for a backend that
-    is not bit for bit eager ``exact = False`` with ``rtol``/``atol``."""
+    (default ``cpu``), ``config`` (the run's keys the backend reads: an instance of its own
+    key model, say), and for a backend that is not bit for bit eager ``exact = False`` with
+    ``rtol``/``atol``."""
 
     backend: ClassVar[GraphBackend]
     device: ClassVar[str] = "cpu"
-    options: ClassVar[dict[str, Any]] = {}
+    config: ClassVar[Any] = None
     exact: ClassVar[bool] = True
     rtol: ClassVar[float] = 1e-4
     atol: ClassVar[float] = 1e-5
@@ -129,12 +122,16 @@ class GraphBackendContract:
     def context(self, parts: Any = None) -> GraphContext:
         import torch
 
+        from falconet.precision import FP32
+
         return GraphContext(
             torch.device(self.device),
-            "fp32",
+            parts.precision if parts is not None else FP32,
             capture_region=parts.model if parts is not None else None,
-            options=dict(self.options),
             static_loss=True,
+            optimizer=parts.optimizer if parts is not None else None,
+            scaler=parts.scaler if parts is not None else None,
+            config=self.config,
         )
 
     def build_step(self, parts: Any, context: GraphContext) -> Any:
@@ -156,15 +153,29 @@ class GraphBackendContract:
         assert priority is None or isinstance(priority, int), "priority: an int, or None"
 
     def test_declines_with_one_line_or_accepts(self) -> None:
+        """Asked on either device, with each built-in precision backend and fp16's scaler, the
+        step's optimizer, or nothing but a network (a first look), it answers in one line."""
         import torch
 
+        from falconet.loss_scaler import LossScaler
+        from falconet.precision import BF16, FP16, FP32
+
+        parts = sample_parts("cpu")
         for device in ("cpu", "cuda"):
-            reason = self.backend.decline_reason(
-                GraphContext(torch.device(device), "fp32", capture_region=_network())
-            )
-            assert reason is None or (reason.strip() and "\n" not in reason), (
-                f"{self.backend.name}: a decline reason is one non-empty line, got {reason!r}"
-            )
+            bare = GraphContext(torch.device(device), FP32, capture_region=_network())
+            full = dataclasses.replace(self.context(parts), device=torch.device(device))
+            contexts = [
+                bare,
+                full,
+                dataclasses.replace(full, precision=BF16),
+                dataclasses.replace(full, precision=FP16, scaler=LossScaler("cpu")),
+            ]
+            for context in contexts:
+                reason = self.backend.decline_reason(context)
+                assert reason is None or (reason.strip() and "\n" not in reason), (
+                    f"{self.backend.name}: a decline reason is one non-empty line, got "
+                    f"{reason!r} ({context.precision.name} on {device})"
+                )
 
     def test_trains_as_the_eager_step(self) -> None:
         import torch
