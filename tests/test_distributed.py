@@ -351,7 +351,20 @@ def two_ranks(tiny_keys, tmp_path_factory) -> SimpleNamespace:
     keys |= {"seed": "3"}
     done = _train(_torchrun(29517), {**keys, "name": "whole"}, project.parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    return SimpleNamespace(keys=keys, project=project, run=project / "whole", stdout=done.stdout)
+    return SimpleNamespace(
+        keys=keys, project=project, run=project / "whole", stdout=done.stdout, stderr=done.stderr
+    )
+
+
+def test_rank_1_keeps_quiet_and_ddp_warns_of_nothing(two_ranks):
+    """Rank 0 says what the run does once: the other rank logs warnings only, from its first
+    line on (before the trainer exists), and DDP's keyword for the buffers is the one the
+    installed torch does not call deprecated."""
+    lines = two_ranks.stderr.splitlines()
+    for start in ("distributed: rank", "threads:", "data train:", "cache=auto:", "graph=auto:"):
+        assert sum(line.startswith(start) for line in lines) == 1, start
+    assert "distributed: rank 0 of 2" in two_ranks.stderr
+    assert "FutureWarning" not in two_ranks.stderr
 
 
 def test_two_gloo_ranks_train_yolo_with_rank_0_owning_the_files(two_ranks, tmp_path):

@@ -125,6 +125,7 @@ def start(world: World, device: torch.device, timeout_s: float) -> None:
     ``timeout_s``; nothing outside a distributed run."""
     if not world.distributed or dist.is_initialized():
         return
+    quiet_other_ranks(world)
     _end_with_launcher()
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -137,6 +138,13 @@ def start(world: World, device: torch.device, timeout_s: float) -> None:
         device_id=device if device.type == "cuda" else None,
     )
     log.info("distributed: rank %d of %d, %s on %s", world.rank, world.size, backend, device)
+
+
+def quiet_other_ranks(world: World) -> None:
+    """Ranks other than 0 log warnings and errors only, from the moment the process knows its
+    rank: rank 0 says what the run does once, not once per rank."""
+    if not world.main:
+        logging.getLogger("falconet").setLevel(logging.WARNING)
 
 
 SMALL_BATCH_NORM = 16
@@ -182,7 +190,22 @@ def replicate(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword that turns its buffer broadcast before each forward off: torch 2.15 names
+    it ``forward_sync_buffers`` (and warns, once per rank, that ``broadcast_buffers`` is
+    deprecated); earlier torch, the GPU machine's 2.11 among them, knows ``broadcast_buffers``
+    only. The new one still syncs the buffers once at the wrapper's construction, which is
+    harmless here: every rank builds the same network from the same seed."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store | None:

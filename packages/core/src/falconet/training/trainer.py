@@ -87,8 +87,7 @@ class Trainer:
         self.stop_reason = ""
         self._stop_after_batch = False  # request_stop: end the run after the current batch
         main = run.world.main  # rank 0 owns every side effect of a distributed run
-        if not main:
-            logging.getLogger("falconet").setLevel(logging.WARNING)
+        distributed.quiet_other_ranks(run.world)
         self.callbacks = CallbackList(callbacks if main else ())
         if plan.resume_state is not None:
             self.run_dir = plan.resume_path.resolve().parent.parent
