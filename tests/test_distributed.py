@@ -69,18 +69,6 @@ def _train(args: list[str], keys: dict[str, str], cwd: Path) -> subprocess.Compl
     )
 
 
-def _one_and_two_ranks(source: str, tmp_path: Path, port: int, suffix: str, *args: str):
-    """Run the script ``source`` as one process and as two torchrun ranks; each writes its
-    result to its first argument: ``(one's path, two's path)``."""
-    script = tmp_path / "script.py"
-    script.write_text(source)
-    paths = []
-    for name, launcher in {"one": [], "two": _torchrun(port)}.items():
-        paths.append(tmp_path / f"{name}{suffix}")
-        _python([*launcher, str(script), str(paths[-1]), *args])
-    return paths
-
-
 def _python(command: list[str], *, timeout: int = 300, cwd: Path | None = None):
     """``python *command`` with one OpenMP thread a process; it must exit cleanly."""
     done = subprocess.run(
@@ -100,16 +88,85 @@ def _torchrun(port: int) -> list[str]:
     return ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
 
 
-def _two_ranks(source: str, script: Path, port: int, *args: str) -> None:
-    """Run the script ``source`` (written to ``script``) as two torchrun ranks, with ``args``;
-    both must exit cleanly."""
-    script.write_text(source)
-    _python([*_torchrun(port), str(script), *args])
+DRIVER = """
+import os
+import sys
+import traceback
+
+import torch
+
+from falconet.training.distributed import start, stop, world_from_env
+
+# the parts (scripts of this file, beside this one) run in turn in one process group; each
+# reads sys.argv[1:] as its own: its output path and its data
+world = world_from_env()
+start(world, torch.device("cpu"), 120)
+folder = sys.argv[1]
+for part in sys.argv[2:]:
+    name, _, data = part.partition("=")
+    sys.argv = [name, os.path.join(folder, name), data]
+    try:
+        with open(os.path.join(os.path.dirname(__file__), name + ".py")) as handle:
+            exec(compile(handle.read(), name + ".py", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        # kept for the part's test; the other rank may wait on this one: end the launch now
+        with open(os.path.join(folder, f"{name}.error.{world.rank}"), "w") as handle:
+            handle.write(traceback.format_exc())
+        os._exit(1)
+stop()
+# the results are written; leave without the interpreter's teardown, where a thread of the
+# process group's library, still joining, aborted a rank now and then ("terminate called
+# without an active exception") after everything had passed
+os._exit(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory) -> SimpleNamespace:
+    """The scripts below run once as one process and once as two torchrun ranks, each launch
+    running its parts in turn (a launch's start-up costs seconds; one serves every part):
+    ``one`` and ``two`` are the folders of their results, ``done`` the launches' processes."""
+    from falconet.data.shapes import write_shapes
+
+    root = tmp_path_factory.mktemp("scripts")
+    gather = write_shapes(root / "gather-data", {"train": 2, "val": 9}, size=64)
+    cache = write_shapes(root / "cache-data", {"train": 24, "val": 4}, size=64)
+    sources = {"driver": DRIVER, "step": STEP_SCRIPT, "graphed": GRAPHED_SCRIPT}
+    sources |= {"gather": GATHER_SCRIPT, "auto_cache": AUTO_CACHE_SCRIPT}
+    for name, source in sources.items():
+        (root / f"{name}.py").write_text(source)
+    launches = {  # auto_cache last: it replaces torch.cuda.mem_get_info for the process
+        "one": ([], ["step=", f"gather={gather}"]),
+        "two": (_torchrun(29521), ["step=", "graphed=", f"gather={gather}", f"auto_cache={cache}"]),
+    }
+    done = {}
+    for name, (launcher, parts) in launches.items():
+        (root / name).mkdir()
+        done[name] = subprocess.run(
+            [sys.executable, *launcher, str(root / "driver.py"), str(root / name), *parts],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    return SimpleNamespace(one=root / "one", two=root / "two", done=done)
+
+
+def _part(scripts: SimpleNamespace, launch: str, name: str) -> Path:
+    """Where the part ``name`` of the ``launch`` (one or two) wrote its result; it must have
+    run without an error, and a launch whose parts all ran must have exited cleanly."""
+    folder, done = getattr(scripts, launch), scripts.done[launch]
+    errors = sorted(folder.glob(f"{name}.error.*"))
+    assert not errors, f"{name} failed on rank {errors[0].suffix[1:]}:\n{errors[0].read_text()}"
+    if not list(folder.glob("*.error.*")):
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert list(folder.glob(f"{name}*")), f"{name} wrote nothing: {done.stderr[-3000:]}"
+    return folder / name
 
 
 STEP_SCRIPT = """
 import functools
-import os
 import sys
 
 import torch
@@ -117,7 +174,7 @@ import torch
 from falconet import ops
 from falconet.data.targets import Targets
 from falconet.training.config import TrainConfig
-from falconet.training.distributed import replicate, start, stop, world_from_env
+from falconet.training.distributed import replicate, start, world_from_env
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.step import EagerStep, Progress, StepParts
@@ -176,8 +233,6 @@ for i in range(8):
     step(images[share], targets, update=(i + 1) % 2 == 0)
 if world.main:
     torch.save({"model": model.state_dict(), "updates": parts.progress.updates}, sys.argv[1])
-stop()
-os._exit(0)  # as GRAPHED_SCRIPT does: past the teardown abort of a Gloo thread
 """
 
 
@@ -188,11 +243,11 @@ def _toy() -> torch.nn.Module:
     )
 
 
-def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(tmp_path):
+def test_ddp_averages_to_the_one_process_step_at_the_same_global_batch(scripts):
     """Two Gloo ranks of 4 images (a loss whose normaliser depends on the batch, gradient
     accumulation through DDP's no_sync) end where one process of 8 does, to float rounding:
     DDP sums the ranks' gradients in another order than one backward sums the batch's."""
-    paths = _one_and_two_ranks(STEP_SCRIPT, tmp_path, 29521, ".pt")
+    paths = [_part(scripts, launch, "step") for launch in ("one", "two")]
     one, two = (torch.load(path, weights_only=True) for path in paths)
     assert one["updates"] == two["updates"] == 4
     initial = _toy().state_dict()
@@ -208,7 +263,7 @@ import torch
 
 from falconet.data.resolve import load_dataset
 from falconet.training.config import TrainConfig
-from falconet.training.distributed import start, stop, world_from_env
+from falconet.training.distributed import start, world_from_env
 from falconet.training.loaders import gpu_shard, resolve_cache
 
 world = world_from_env()
@@ -221,29 +276,23 @@ for short in (1, None):  # rank 1's device a byte short of room for its shard; t
     free = 2 * need - (world.rank == short)
     torch.cuda.mem_get_info = lambda device, free=free: (free, 10 * need)  # the device's answer
     choices.append(resolve_cache(cfg, dataset, torch.device("cuda", world.local_rank), world))
-stop()
 with open(f"{sys.argv[1]}.{world.rank}", "w") as out:
     out.write(" ".join(choices))
 """
 
 
-def test_cache_auto_is_one_choice_for_every_rank(tmp_path):
+def test_cache_auto_is_one_choice_for_every_rank(scripts):
     """Each rank measures its own device's free memory; where one rank's shard would not fit,
     no rank takes the GPU path (a rank holding its shard beside one drawing from its share of
-    the whole set would train some images twice an epoch and others never). Two Gloo ranks;
-    the free memory is each device's answer, given here."""
-    from falconet.data.shapes import write_shapes
-
-    data = write_shapes(tmp_path / "shapes", {"train": 24, "val": 4}, size=64)
-    choice = tmp_path / "choice"
-    _two_ranks(AUTO_CACHE_SCRIPT, tmp_path / "auto_cache.py", 29549, str(choice), str(data))
-    choices = [choice.with_name(f"choice.{rank}").read_text() for rank in (0, 1)]
+    the whole set would train some images twice an epoch and others never). Two Gloo ranks
+    (24 training images, 64 px); the free memory is each device's answer, given here."""
+    choice = _part(scripts, "two", "auto_cache")
+    choices = [choice.with_name(f"auto_cache.{rank}").read_text() for rank in (0, 1)]
     assert choices == ["none gpu", "none gpu"]
 
 
 GRAPHED_SCRIPT = """
 import functools
-import os
 import sys
 
 import torch
@@ -251,7 +300,7 @@ import torch.distributed as dist
 
 from falconet.data.targets import Targets
 from falconet.training.config import TrainConfig
-from falconet.training.distributed import replicate, start, stop, world_from_env
+from falconet.training.distributed import replicate, start, world_from_env
 from falconet.training.optimization import build_optimizer, Schedule
 from falconet.training.phases import Phases
 from falconet.training.step import EagerStep, Progress, StepParts
@@ -317,22 +366,15 @@ if world.main:
         },
         sys.argv[1],
     )
-stop()
-# the results are written; leave without the interpreter's teardown, where a thread of the
-# process group's library, still joining, aborted a rank now and then ("terminate called
-# without an active exception") after everything had passed
-os._exit(0)
 """
 
 
-def test_the_graphed_network_under_ddp_is_bit_for_bit_the_eager_ddp_step(tmp_path):
+def test_the_graphed_network_under_ddp_is_bit_for_bit_the_eager_ddp_step(scripts):
     """graph=cuda-graph's network logic (replays from static buffers, CPU recorder) called
     through DDP on two Gloo ranks with different images: the gradients a replay hands the
     parameters are all-reduced (the ranks end with one model) and the run equals eager DDP bit
     for bit after real updates (3 updates of 2 accumulated batches)."""
-    out = tmp_path / "graphed.pt"
-    _two_ranks(GRAPHED_SCRIPT, tmp_path / "graphed.py", 29523, str(out))
-    result = torch.load(out, weights_only=True)
+    result = torch.load(_part(scripts, "two", "graphed"), weights_only=True)
     assert result["counts"]["replayed"] == 6 and result["counts"]["recorded"] == 1
     assert result["ranks_equal"]
     for name, weight in result["eager"].items():
@@ -503,6 +545,26 @@ def test_a_device_list_refuses_bad_keys_before_any_worker_starts(tiny_run):
     assert not Path(tiny_run["project"]).exists()
 
 
+def test_a_trained_detector_launches_its_workers_from_the_weights_it_holds(
+    tiny_run, monkeypatch
+):
+    """Detector("yolo-n") trained once holds that run's best.pt: a second train on a device
+    list hands the workers that file, as a second train in this process starts from it (the
+    launcher is recorded here: CUDA devices are what it would start the workers on)."""
+    from falconet import Detector
+    from falconet.training import launch
+
+    detector = Detector("yolo-n")
+    first = detector.train(**tiny_run, epochs=1, val=True, verbose=False)
+    best = Path(first["run_dir"]) / "weights" / "best.pt"
+    launched = []
+    monkeypatch.setattr(launch, "launch", lambda keys, gpus: launched.append(keys) or first)
+    detector.train(**tiny_run, epochs=1, device=[0, 1], verbose=False)
+    assert launched[0]["model"] == str(best)
+    assert Detector("yolo-n")._launch_keys({})["model"] == "yolo-n"  # nothing held: the name
+    assert detector._launch_keys({"model": "yolo-s"})["model"] == "yolo-s"
+
+
 def test_the_launcher_runs_falconets_command_and_returns_rank_0s_summary(
     tiny_run, tmp_path, monkeypatch
 ):
@@ -603,7 +665,7 @@ import numpy as np
 import torch
 
 from falconet.evaluation.accumulator import DetectionAccumulator
-from falconet.training.distributed import ONE_PROCESS, start, stop, world_from_env
+from falconet.training.distributed import start, world_from_env
 from falconet.training.loaders import build_val_loader
 from falconet.training.planning import plan_run
 from falconet.training import validation
@@ -630,18 +692,14 @@ result = validation.evaluate_split(accumulator, truth, backend="pycocotools", pl
 if world.main:
     with open(sys.argv[1], "w") as handle:
         json.dump({"stats": result.stats, "images": len(accumulator.images)}, handle)
-stop()
 """
 
 
-def test_validation_shards_gather_to_the_single_process_metric(tmp_path):
+def test_validation_shards_gather_to_the_single_process_metric(scripts):
     """Each rank predicts its share of the val split (9 images over 2 ranks: one repeats to
     even the shares); rank 0 merges every image once and scores the same stats as one process
     over the whole split."""
-    from falconet.data.shapes import write_shapes
-
-    data = write_shapes(tmp_path / "shapes", {"train": 2, "val": 9}, size=64)
-    paths = _one_and_two_ranks(GATHER_SCRIPT, tmp_path, 29535, ".json", str(data))
+    paths = [_part(scripts, launch, "gather") for launch in ("one", "two")]
     one, two = (json.loads(path.read_text()) for path in paths)
     assert one["images"] == 9 and two["images"] == 5  # rank 0's share: images 0, 2, 4, 6, 8
     assert one["stats"] == two["stats"] and one["stats"]["AR100"] > 0

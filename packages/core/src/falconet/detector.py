@@ -69,7 +69,7 @@ class Detector:
         gpus = None if world.distributed else gpu_list(keys.get("device", "auto"))
         if gpus:  # one process per GPU (training/launch.py); the caller waits for them
             check_before_launch(keys, len(gpus), self.plugins)
-            summary = launch({"model": self.source, **keys}, gpus)
+            summary = launch(self._launch_keys(keys), gpus)
         else:
             base_weights = self.checkpoint if self.checkpoint and "model" not in keys else None
             plan = plan_run(
@@ -88,6 +88,13 @@ class Detector:
             self.model_name = self.checkpoint["spec"]["model"]
             self.family, self._module = self.plugins.families.get(self.model_name), None
         return summary
+
+    def _launch_keys(self, keys: dict[str, Any]) -> dict[str, Any]:
+        """The keys the launched workers train: from the checkpoint this detector holds (the
+        file it was loaded from, or the ``best.pt`` of its last run), not the name or file it
+        was built with, as a run in this process starts from it; a ``model`` key wins."""
+        held = self.checkpoint_path if self.checkpoint is not None else None
+        return {"model": str(held) if held is not None else self.source, **keys}
 
     # ------------------------------------------------------------------- weights, devices
     def _config(self, keys: dict[str, Any]) -> TrainConfig:
