@@ -67,6 +67,7 @@ def test_sigkill_mid_epoch_then_resume_is_bit_identical(tiny_run, tmp_path, falc
     resumed = falconet_cli("train", f"resume={last}", env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
+    assert "best epoch" in resumed.stdout and "AP50-95" in resumed.stdout  # the final table
 
     a = load_checkpoint(runs / "whole" / "weights" / "last.pt")
     b = load_checkpoint(last)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from falconet.evaluation.contract import STAT_KEYS, EvalResult
 from falconet.training.config import TrainConfig
@@ -31,3 +32,23 @@ def test_every_metric_the_config_accepts_is_scored():
     assert set(accepted) == {*METRIC_STATS, "fitness"}
     with pytest.raises(ValueError, match="metric"):
         TrainConfig(metric="map95")
+
+
+def test_the_best_validation_survives_a_checkpoint_for_the_resumed_runs_table(tmp_path):
+    """last.pt keeps the best validation's numbers as plain values (loadable with
+    weights_only=True): a resumed run that never beats them still ends with their table."""
+    from falconet.training.checkpoint import FORMAT, load_checkpoint
+    from falconet.training.trainer import restored_eval, saved_eval
+
+    best = EvalResult(
+        {key: 0.1 * i for i, key in enumerate(STAT_KEYS)},
+        {"circle": 0.25},
+        {"circle": 0.5},
+        "pycocotools",
+        "2.0.10",
+    )
+    metrics = {"best": 0.3, "best_epoch": 2, **saved_eval(best)}
+    torch.save({"format": FORMAT, "metrics": metrics}, tmp_path / "last.pt")
+    assert restored_eval(load_checkpoint(tmp_path / "last.pt")["metrics"]) == best
+    assert saved_eval(None) == {}
+    assert restored_eval({"best": 0.3, "best_epoch": 2}) is None  # an older checkpoint

@@ -458,7 +458,11 @@ class Trainer:
             "weights": tensors["weights"],
             "config": self.cfg.model_dump(),
             "epoch": self.progress.epoch,
-            "metrics": {"best": self.best, "best_epoch": self.best_epoch},
+            "metrics": {
+                "best": self.best,
+                "best_epoch": self.best_epoch,
+                **saved_eval(self.best_eval),
+            },
             "versions": self._versions(),
         }
         state = {
@@ -495,6 +499,7 @@ class Trainer:
             run.scaler.load_state_dict(state["scaler"])
         self.progress.epoch, self.progress.updates = state["epoch"], state["step"]
         self.best, self.best_epoch = state["metrics"]["best"], state["metrics"]["best_epoch"]
+        self.best_eval = restored_eval(state["metrics"])
         self.bad_validations = state["bad_validations"]
         restore_rng_states(state["rng"])
         log.info("resuming %s from the end of epoch %d", self.run_dir, self.progress.epoch)
@@ -519,3 +524,34 @@ class Trainer:
             "precision": self.run.precision.name,
             "stop_reason": self.stop_reason,
         }
+
+
+def saved_eval(best: EvalResult | None) -> dict[str, Any]:
+    """The best validation's numbers as plain values for a checkpoint's ``metrics``, so a
+    resumed run that never beats them still ends with their table (:func:`restored_eval`)."""
+    if best is None:
+        return {}
+    return {
+        "best_eval": {
+            "stats": {k: float(v) for k, v in best.stats.items()},
+            "per_class_ap": {k: float(v) for k, v in best.per_class_ap.items()},
+            "per_class_ap50": {k: float(v) for k, v in best.per_class_ap50.items()},
+            "backend": best.backend,
+            "backend_version": best.backend_version,
+        }
+    }
+
+
+def restored_eval(metrics: dict[str, Any]) -> EvalResult | None:
+    """The best validation saved in a checkpoint's ``metrics`` (``None`` in one from before
+    it was saved, or from a run that had not validated)."""
+    saved = metrics.get("best_eval")
+    if saved is None:
+        return None
+    return EvalResult(
+        saved["stats"],
+        saved["per_class_ap"],
+        saved["per_class_ap50"],
+        saved["backend"],
+        saved["backend_version"],
+    )
