@@ -17,7 +17,7 @@ from falconet.interfaces import GraphBackend, GraphContext
 from falconet.plugins import Plugins, get_plugins
 from falconet.precision import FP32
 from falconet.registry import Provenance
-from falconet.training.backends import auto_order, choose_graph
+from falconet.training.backends import auto_order, choose_graph, step_replays
 from falconet.training.config import ConfigError, TrainConfig
 
 TEST = Provenance("tests", "falconet-tests", "0")
@@ -32,6 +32,7 @@ class FakeBackend:
     priority: int | None = 5
     reason: str | None = None
     summary: str = "test backend"
+    replays: bool = False
 
     def decline_reason(self, context):
         return self.reason
@@ -142,6 +143,15 @@ def test_auto_with_every_backend_declining_is_an_error():
     model = nn.Linear(2, 2)
     with pytest.raises(ConfigError, match=r"every installed graph backend declined \(fast: needs"):
         choose_graph("auto", _context(model), model, plugins)
+
+
+def test_the_step_replays_as_its_backend_declares():
+    """What a precision backend is told (``PrecisionContext.replays``): the named backend's
+    declaration, and for ``auto`` that of the first backend ``auto`` tries."""
+    plugins = _plugins(FakeBackend("replaying", 50, replays=True), FakeBackend("launching", 40))
+    assert step_replays("auto", plugins) and step_replays("replaying", plugins)
+    assert not step_replays("launching", plugins) and not step_replays("eager", plugins)
+    assert not step_replays("auto", _plugins(FakeBackend("launching", 40)))
 
 
 def test_auto_on_the_cpu_with_the_cuda_backends_installed_runs_eager(caplog):

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from falconet_precision_te_fp8.backend import replays_its_step
 from falconet_precision_te_fp8.eligibility import linear_layers
 from falconet_precision_te_fp8.gating import (
     Product,
@@ -117,15 +116,6 @@ def test_a_torn_cache_file_is_measured_again(tmp_path, caplog):
     timings = TimingCache(path).measure([Product(256, 64, 64)], lambda p: Timing(1.0, 0.5))
     assert timings["256x64x64"] == Timing(1.0, 0.5)
     assert "ignoring the timing cache" in caplog.text
-
-
-def test_the_gating_times_as_the_runs_step_runs():
-    """A step that replays a recording (auto, cuda-graph, whole-step, a third party's) is gated
-    on the kernels alone; an eager or compiled one on passes launched from the host."""
-    assert replays_its_step({}) and replays_its_step({"graph": "auto"})
-    assert replays_its_step({"graph": "cuda-graph"}) and replays_its_step({"graph": "whole-step"})
-    assert not replays_its_step({"graph": "eager"})
-    assert not replays_its_step({"graph": "compile"})
 
 
 def test_replayed_and_launched_timings_are_cached_apart(tmp_path, monkeypatch):

@@ -247,7 +247,10 @@ class PrecisionContext:
     them typed with :meth:`keys`); ``batch`` (per rank; ``None`` while autobatch has not
     chosen it) and ``imgsz`` are the training input's shape, for a backend that chooses by the
     run's matrix sizes; ``world_size`` is 1 outside distributed runs; ``training`` is False
-    when a trained model is only evaluated or used for prediction.
+    when a trained model is only evaluated or used for prediction; ``replays`` says whether
+    the run's step will replay recordings, as the graph backend it asks for declares
+    (:attr:`GraphBackend.replays`; ``graph=auto``: the first backend ``auto`` tries), for a
+    backend that times its kernels as the step will run them.
     """
 
     device: torch.device
@@ -256,6 +259,7 @@ class PrecisionContext:
     imgsz: int = 640
     world_size: int = 1
     training: bool = True
+    replays: bool = False
 
     def keys(self, model: type[KeysT]) -> KeysT:
         """The run's values of the keys ``model`` declares, validated; defaults elsewhere."""
@@ -351,12 +355,16 @@ class GraphBackend(Protocol):
 
     ``priority`` orders ``graph=auto``: the installed backend of highest priority that does not
     decline is used (``None``: never chosen by ``auto``, only by name). The built-in ``eager``
-    has priority 0 and never declines.
+    has priority 0 and never declines. ``replays`` says whether the step it builds replays
+    recordings (CUDA graphs), so that the kernels run without their launches from the host,
+    or launches every kernel as eager does: what a precision backend that times kernels asks
+    (:attr:`PrecisionContext.replays`).
     """
 
     name: str
     summary: str
     priority: int | None
+    replays: bool
 
     def decline_reason(self, context: GraphContext) -> str | None:
         """``None`` to accept, else the one log line saying why it declines here."""

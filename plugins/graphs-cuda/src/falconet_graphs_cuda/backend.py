@@ -29,6 +29,7 @@ class CudaGraphBackend:
     name = "cuda-graph"
     summary = "CUDA-graph capture of the network's forward and backward, per input shape"
     priority = 10
+    replays = True
 
     def decline_reason(self, context: GraphContext) -> str | None:
         if context.device.type != "cuda":
@@ -57,6 +58,7 @@ class WholeStepBackend:
     name = "whole-step"
     summary = "CUDA-graph capture of the whole training step (static-shaped loss)"
     priority = 20
+    replays = True
 
     def decline_reason(self, context: GraphContext) -> str | None:
         if reason := CudaGraphBackend().decline_reason(context):

@@ -54,16 +54,6 @@ def recipe_error(recipe: str, capability: tuple[int, int], gpu: str) -> str | No
     return None
 
 
-LAUNCHING_GRAPHS = {"eager", "compile"}
-"""The core's graph backends whose step launches every kernel from the host."""
-
-
-def replays_its_step(options) -> bool:
-    """Whether the run's step replays a recording, as ``graph=auto`` does on a GPU where a
-    capturing backend is installed (the gating then times the kernels alone)."""
-    return options.get("graph", "auto") not in LAUNCHING_GRAPHS
-
-
 class Fp8Precision:
     """``fp8``: what the registry holds (configured per run by :meth:`configure`)."""
 
@@ -169,7 +159,7 @@ class Fp8Run:
         force = self.keys.fp8_layers == "all"
         timings = {}
         if not force:
-            replayed = replays_its_step(self.context.options)
+            replayed = self.context.replays  # as the run's graph backend declares
             cache = TimingCache.for_run(
                 torch.cuda.get_device_name(device),
                 te_version() or "?",

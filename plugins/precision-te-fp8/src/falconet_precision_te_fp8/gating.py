@@ -7,10 +7,10 @@ once, forward and backward, in bf16 and in FP8 (``te_modules.time_product``), an
 are cached on disk per GPU, Transformer Engine version, recipe and way of timing, so later runs
 start without measuring again.
 
-The way of timing follows the run's ``graph`` key: a step that replays a recording (``auto``,
-``cuda-graph``, ``whole-step``) pays the kernels alone, so the products are timed as replays
-of a recorded pass; an ``eager`` or ``compile`` step launches every kernel from the host, so
-they are timed as launched.
+The way of timing follows the run's graph backend, as it declares itself
+(``PrecisionContext.replays``): a step that replays a recording pays the kernels alone, so the
+products are timed as replays of a recorded pass; one that launches every kernel from the host
+(``eager``, ``compile``) is timed as launched.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ class CompileBackend:
     name = "compile"
     summary = "torch.compile the network; compile_mode: " + ", ".join(MODES)
     priority = None
+    replays = False  # reduce-overhead's graph trees aside, Inductor's kernels are launched
 
     def decline_reason(self, context: GraphContext) -> str | None:
         mode = context.keys(CompileKeys).compile_mode

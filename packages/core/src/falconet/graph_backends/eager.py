@@ -20,6 +20,7 @@ class EagerBackend:
     name = "eager"
     summary = "the step op by op (the fallback of every other backend)"
     priority = 0
+    replays = False
 
     def decline_reason(self, context: GraphContext) -> str | None:
         return None

@@ -34,7 +34,7 @@ from falconet.training.autobatch import (
     timed_choice,
     wanted_fraction,
 )
-from falconet.training.backends import choose_graph, choose_precision
+from falconet.training.backends import choose_graph, choose_precision, step_replays
 from falconet.training.checkpoint import load_matching_weights
 from falconet.training.collectives import rank_collectives
 from falconet.training.config import TrainConfig
@@ -117,7 +117,10 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     dataset = load_training_data(cfg)
     cfg = cfg.model_copy(update={"cache": resolve_cache(cfg, dataset, device, world)})
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
-    context = PrecisionContext(device, cfg.model_dump(), batch, cfg.imgsz, world.size)
+    replays = step_replays(cfg.graph, plugins)
+    context = PrecisionContext(
+        device, cfg.model_dump(), batch, cfg.imgsz, world.size, replays=replays
+    )
     precision = choose_precision(cfg.amp_dtype, context, plugins)
     model = gpu_cache = None
     if batch is not None:  # autobatch's probes use the GPU first instead

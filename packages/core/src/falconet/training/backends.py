@@ -48,6 +48,16 @@ def auto_order(plugins: Plugins) -> list[str]:
     return [e.name for e in sorted(ranked, key=lambda e: (-e.item.priority, e.name))]
 
 
+def step_replays(name: str, plugins: Plugins) -> bool:
+    """Whether the step of ``graph=name`` will replay recordings, as its backend declares;
+    ``auto``: the first backend :func:`auto_order` tries (where it declines the run launches
+    its kernels after all; the backend chosen then is known only once the precision is)."""
+    if name == "auto":
+        order = auto_order(plugins)
+        name = order[0] if order else "eager"
+    return plugins.graph_backends.get(name).replays
+
+
 def choose_graph(
     name: str, context: GraphContext, model: nn.Module, plugins: Plugins
 ) -> tuple[str, GraphBackend]:

@@ -151,6 +151,7 @@ class GraphBackendContract:
         assert isinstance(self.backend, GraphBackend)
         priority = self.backend.priority
         assert priority is None or isinstance(priority, int), "priority: an int, or None"
+        assert isinstance(self.backend.replays, bool), "replays: whether its step replays"
 
     def test_declines_with_one_line_or_accepts(self) -> None:
         """Asked on either device, with each built-in precision backend and fp16's scaler, the
@@ -196,6 +197,10 @@ class GraphBackendContract:
         stats = step.stats()
         assert isinstance(stats, CaptureStats)
         assert stats.replayed + stats.eager in (0, BATCHES), "replayed + eager counts batches"
+        assert (stats.replayed > 0) == self.backend.replays, (
+            f"{self.backend.name}: replays={self.backend.replays}, and its step replayed "
+            f"{stats.replayed} of {BATCHES} batches"
+        )
         pairs = list(zip(_state(eager), _state(parts), strict=True))
         if self.exact:
             assert got == reference, f"{self.backend.name}: losses differ from the eager step"
