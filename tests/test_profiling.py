@@ -214,6 +214,7 @@ class ScriptedBackend:
     name: str = "scripted"
     summary: str = "the eager step with scripted capture statistics"
     priority: int | None = None
+    replays: bool = False  # eager underneath: the captures are scripted, not recorded
 
     def decline_reason(self, context):
         return None
