@@ -24,6 +24,7 @@ class Backend:
     name: str
     summary: str = "test backend"
     priority: int | None = None
+    replays: bool = False
 
     def decline_reason(self, context):
         return None
