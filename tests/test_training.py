@@ -526,6 +526,17 @@ def test_fine_tuning_a_checkpoint_on_other_classes_keeps_all_but_the_class_head(
     assert state["weights"][stem].shape == start[stem].shape
 
 
+def test_a_run_logs_where_its_start_up_went(tiny_run, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="falconet.train"):
+        Detector("yolo-n").train(**tiny_run, epochs=1)
+    lines = [r.message for r in caplog.records if r.message.startswith("start-up ")]
+    assert len(lines) == 1, lines
+    parts = [p.rsplit(" ", 2)[0] for p in lines[0].split(": ", 1)[1].split(" (")[0].split(", ")]
+    assert parts[:2] == ["device", "data"] and parts[-2:] == ["loaders", "step"], parts
+
+
 def test_every_phase_of_a_step_runs_inside_the_phase_seam(tiny_run, installed_falconet_plugins):
     """A profiler's view of the loop: phases in order, never nested, optimizer and EMA only on
     the steps that update the weights (here every 2nd batch and the epoch's last)."""

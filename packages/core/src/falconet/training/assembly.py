@@ -60,6 +60,7 @@ from falconet.training.loaders import (
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
+from falconet.training.startup_clock import StartupClock
 from falconet.training.step import Progress, StepParts, TrainStep
 from falconet.training.threads import apply_threads
 
@@ -104,6 +105,7 @@ class Run:
 def assemble(plan: Plan, plugins: Plugins) -> Run:
     """Build every part of ``plan``'s run, and its step from the chosen graph backend."""
     cfg = plan.config
+    clock = StartupClock()
     world = world_from_env()
     fraction = wanted_fraction(cfg.batch)
     if fraction is None:
@@ -114,8 +116,11 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     start_distributed(world, device, cfg.dist_timeout)
     configure_determinism(cfg.seed, cfg.deterministic, device)
     apply_threads(cfg.threads)
+    clock.mark("device")
     dataset = load_training_data(cfg)
+    clock.mark("data")
     cfg = cfg.model_copy(update={"cache": resolve_cache(cfg, dataset, device, world)})
+    clock.mark("cache choice")
     batch = per_rank_batch(cfg.batch, world) if fraction is None else None  # autobatch: later
     replays = step_replays(cfg.graph, plugins)
     context = PrecisionContext(
@@ -125,6 +130,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     model = gpu_cache = None
     if batch is not None:  # autobatch's probes use the GPU first instead
         model = build_network(plan, len(dataset.names), precision, device)
+        clock.mark("network")
         synthetic = (batch, cfg.imgsz, synthetic_boxes(cfg, dataset), len(dataset.names))
         loss_for = functools.partial(build_loss, plan, plugins)
         # the memory the store is checked against: the device's before the copy takes any
@@ -138,16 +144,22 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         gpu_cache = run_beside_first_use(
             start_up, model, loss_for, precision, synthetic, device, IMPORTED_ANYWAY
         )
+        clock.mark("first use and store" if cfg.cache in GPU_TIERS else "first use")
     if cfg.cache in GPU_TIERS and gpu_cache is None:
         gpu_cache = fill_gpu_cache(cfg, dataset, device, world)
+        clock.mark("store")
     if model is None:  # after the GPU cache, whose memory the step cannot have
         batch = autobatched(plan, plugins, dataset, precision, device, world, fraction)
         cfg = cfg.model_copy(update={"batch": batch})
+        clock.mark("autobatch")
         model = build_network(plan, len(dataset.names), precision, device)
+        clock.mark("network")
     per_rank = per_rank_batch(cfg.batch, world)
     model = batch_norm_across_ranks(model, cfg.sync_bn, per_rank, world, device)
     loss = build_loss(plan, plugins, model)
+    clock.mark("loss")
     train_loader, val_loader = build_loaders(cfg, dataset, device, world, gpu_cache)
+    clock.mark("loaders")
     batches = train_loader.batch_sampler.batches_per_epoch
     accumulate = max(round(cfg.nbs / cfg.batch), 1)
     optimizer = build_optimizer(model, cfg, accumulate)
@@ -171,6 +183,9 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
     )
     context = graph_context(plan.family, plugins, cfg, parts, world)
     graph, backend = choose_graph(cfg.graph, context, model, plugins)
+    step = backend.build_step(parts, context)
+    clock.mark("step")
+    log.info("%s", clock.summary())
     return Run(
         config=cfg,
         world=world,
@@ -188,7 +203,7 @@ def assemble(plan: Plan, plugins: Plugins) -> Run:
         ema=ema,
         parts=parts,
         graph=graph,
-        step=backend.build_step(parts, context),
+        step=step,
     )
 
 
