@@ -2,7 +2,9 @@
 interpreter: output, gradients and running statistics against the same computation in
 float64, several reduction programs and ragged tiles included; a channel whose mean dwarfs its
 spread; which calls the mode takes and which it leaves to PyTorch; the family's Conv block
-through it. Speed and the GPU's numbers are ``tools/bench_bn_silu.py``'s.
+through it. On a CUDA GPU the same checks run on the compiled kernels
+(:func:`test_compiled_kernels_match_float64_on_the_gpu`); speed is
+``tools/bench_bn_silu.py``'s.
 
 Triton decides at decoration whether a kernel (its own library's helpers included) runs
 interpreted, and Triton is imported with torch, before a test could ask. So the tests that
@@ -119,11 +121,13 @@ def _bn(channels: int, seed: int = 0) -> nn.BatchNorm2d:
     return bn
 
 
-def _run(x: torch.Tensor, bn: nn.Module, fused: bool, dz: torch.Tensor):
-    """Output, the gradients of input, weight and bias, and the running statistics after."""
+def _run(x: torch.Tensor, bn: nn.Module, fused: bool, dz: torch.Tensor, seen=None):
+    """Output, the gradients of input, weight and bias, and the running statistics after;
+    the fused op compiled for the GPU where ``x`` is on one, else in the interpreter. ``seen``
+    (an :class:`_Ops`) records what the forward dispatched."""
     x = x.detach().requires_grad_()
     if fused:
-        with FusedBatchNormSiLU(interpret=True):
+        with FusedBatchNormSiLU(interpret=not x.is_cuda), seen or _Ops():
             z = ops.batch_norm_silu(x, bn)
     else:
         z = F.silu(bn(x))
@@ -170,6 +174,65 @@ def test_fused_op_matches_float64(shape, tiling, monkeypatch):
 
 def _worst_errors(got, want) -> list[float]:
     return [(a.double() - b).abs().max().item() for a, b in zip(got, want, strict=True)]
+
+
+on_the_gpu = pytest.mark.skipif(
+    INTERPRETED or not torch.cuda.is_available(),
+    reason="compiles the kernels for a CUDA GPU: runs on the GPU machine",
+)
+
+
+@on_the_gpu
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 16, 7, 5),  # one reduction program, ragged row tile
+        (3, 16, 31, 29),  # several programs, the last one short
+        (2, 80, 6, 7),  # two channel blocks, the second ragged
+        (16, 32, 160, 160),  # yolo-n's widest map at 640 px, batch 16: 409,600 per channel
+    ],
+)
+def test_compiled_kernels_match_float64_on_the_gpu(shape):
+    """The kernels as the GPU runs them (compiled, not interpreted), float32 in: output,
+    gradients and running statistics within ``rtol = atol = 1e-4`` of the same computation
+    in float64 (the sums over up to 409,600 values per channel round in float32; PyTorch's
+    own float32 BatchNorm is compared the same way beside it), and the fused op really
+    dispatched."""
+    torch.manual_seed(1)
+    cuda = torch.device("cuda")
+    x = (torch.randn(shape, device=cuda) * 2 + 0.5).contiguous(memory_format=torch.channels_last)
+    dz = torch.randn(shape, device=cuda).contiguous(memory_format=torch.channels_last)
+    seen = _Ops()
+    got = _run(x, _bn(shape[1]).to(cuda), True, dz, seen)
+    assert "falconet_graphs.bn_silu" in seen.names, seen.names
+    want = _run(x.double(), _bn(shape[1]).double().to(cuda), False, dz.double())
+    native = _run(x, _bn(shape[1]).to(cuda), False, dz)
+    for name, a, n, b in zip(NAMES, got, native, want, strict=True):
+        torch.testing.assert_close(n.double(), b, rtol=1e-4, atol=1e-4, msg=f"native {name}")
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@on_the_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_kernels_in_half_precision_on_the_gpu(dtype):
+    """fp16 and bf16 on the GPU, as the whole step runs them: every result at most as far
+    from float64 (on the same rounded inputs) as PyTorch's own BatchNorm and SiLU in that
+    dtype, give or take one rounding of the output."""
+    torch.manual_seed(2)
+    cuda = torch.device("cuda")
+    shape = (16, 64, 80, 80)
+    x = torch.randn(shape, device=cuda).to(dtype).contiguous(memory_format=torch.channels_last)
+    dz = torch.randn(shape, device=cuda).to(dtype).contiguous(memory_format=torch.channels_last)
+    want = _run(x.double(), _bn(64).double().to(cuda), False, dz.double())
+    seen = _Ops()
+    got = _run(x, _bn(64).to(cuda), True, dz, seen)
+    assert "falconet_graphs.bn_silu" in seen.names, seen.names
+    assert got[0].dtype == got[1].dtype == dtype
+    fused = _worst_errors(got, want)
+    native = _worst_errors(_run(x, _bn(64).to(cuda), False, dz), want)
+    slack = [torch.finfo(dtype).eps * w.abs().max().item() for w in want[:2]] + [1e-5] * 4
+    for name, f, n, s in zip(NAMES, fused, native, slack, strict=True):
+        assert f <= n + s, (name, f, n)
 
 
 @interpreted
