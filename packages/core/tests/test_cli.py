@@ -44,10 +44,15 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
         "progress,",
         "tensorboard",
     ]
-    assert [line.split() for line in lines[2:7]] == [
+    assert [line.split() for line in lines[2:8]] == [
         ["register_commands", "data,", "eval,", "export,", "plugins,", "predict,", "train,", "val"],
         ["register_eval_backends", "pycocotools"],
         ["register_graph_backends", "compile,", "eager"],
+        [
+            "register_levers",
+            *"amp-bf16, amp-fp16, batch-down, batch-up, cache, compile,".split(),
+            "workers",
+        ],
         ["register_precision_backends", "bf16,", "fp16,", "fp32"],
         ["register_train_keys", "compile"],
     ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from falconet import hookspecs
 from falconet.graph_backends.eager import EagerBackend
 from falconet.keys import KeyGroup
+from falconet.levers import Suggestion, lever
 from falconet.precision import AutocastPrecision
 
 
@@ -66,6 +67,11 @@ class Graph(EagerBackend):
     name, priority = "toy-graph", None
 
 
+@lever("toy-lever", "a toy's key", ("compute",), 0)
+def toy_lever(context):
+    return Suggestion("toy_depth", 3, "deeper")
+
+
 VALID = {
     "families": (Family(), "toy-m"),
     "assigners": (Assigner(), "nearest"),
@@ -75,6 +81,7 @@ VALID = {
     "commands": (toy_command, "toy"),
     "callbacks": (Callback(), "toy-logger"),
     "train_keys": (KeyGroup("toy-keys", "the toy's keys", ToyKeys), "toy-keys"),
+    "levers": (toy_lever, "toy-lever"),
 }
 
 

@@ -49,6 +49,7 @@ def test_builtins_register_through_the_manager(falconet_plugins):
         "register_commands",
         "register_eval_backends",
         "register_graph_backends",
+        "register_levers",
         "register_precision_backends",
         "register_train_keys",
     ]

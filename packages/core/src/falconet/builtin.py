@@ -1,8 +1,9 @@
 """falconet's own plugin: registered through the same manager as every external plugin.
 
 It provides the precision backends, the ``eager`` and ``compile`` graph backends (and
-``compile``'s key), the reference ``pycocotools`` eval backend, the loggers and the core's CLI
-commands, so the core has no private path around the registries.
+``compile``'s key), the reference ``pycocotools`` eval backend, the loggers, the core's CLI
+commands and the levers of the core's keys, so the core has no private path around the
+registries.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def register_callbacks(register: Register) -> None:
 
     for logger in LOGGERS:
         register(logger)
+
+
+def register_levers(register: Register) -> None:
+    from falconet.builtin_levers import LEVERS
+
+    for lever in LEVERS:
+        register(lever)
 
 
 def register_eval_backends(register: Register) -> None:

@@ -115,3 +115,17 @@ def register_train_keys(register: Register) -> None:
 
     Called once when the plugins are loaded. The return value is ignored.
     """
+
+
+@hookspec
+def register_levers(register: Register) -> None:
+    """Register levers (:class:`falconet.levers.Lever`): the plugin's keys that address a
+    profiler verdict, and when.
+
+    :param register: call ``register(lever)`` once per lever; the profiler asks each lever whose
+        ``verdicts`` hold a run's verdict for its :class:`falconet.levers.Suggestion` and lists
+        the suggestions by the levers' ``priority``. A plugin declares levers for its own keys
+        only; a name another plugin already registered is refused with both named.
+
+    Called once when the plugins are loaded. The return value is ignored.
+    """

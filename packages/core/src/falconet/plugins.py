@@ -24,6 +24,7 @@ import pluggy
 from falconet import __version__, hookspecs, interfaces
 from falconet.install_hints import known_provider
 from falconet.keys import KeyGroup
+from falconet.levers import Lever
 from falconet.registry import Entry, Provenance, Registry
 
 BUILTIN_PLUGIN = "falconet.builtin"
@@ -91,6 +92,7 @@ def _registries() -> dict[str, Registry[Any]]:
             Registry("commands", "command", "command", click.Command),
             Registry("callbacks", "callback", "callbacks", interfaces.CallbackFactory),
             Registry("train_keys", "training-key group", "key group", KeyGroup),
+            Registry("levers", "lever", "lever", Lever),
         )
     }
 
@@ -170,6 +172,10 @@ class Plugins:
     @property
     def train_keys(self) -> Registry[KeyGroup]:
         return self.registries["train_keys"]
+
+    @property
+    def levers(self) -> Registry[Lever]:
+        return self.registries["levers"]
 
     def registered_by(self, plugin: str) -> dict[str, list[Entry[Any]]]:
         """Per kind, the entries ``plugin`` registered (kinds with none left out)."""

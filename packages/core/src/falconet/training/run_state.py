@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from falconet.evaluation.contract import EvalResult
+    from falconet.levers import Lever
     from falconet.training.config import TrainConfig
     from falconet.training.phases import Phases
     from falconet.training.step import CaptureStats, Progress
@@ -26,10 +27,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Installed:
-    """Names of the installed backends, for advice that names keys to change."""
+    """What is installed, for advice that names keys to change: the backends' names, the
+    installed plugins' levers (:mod:`falconet.levers`) and the distributions that loaded."""
 
     graph_backends: frozenset[str] = frozenset()
     precision_backends: frozenset[str] = frozenset()
+    levers: tuple[Lever, ...] = ()
+    distributions: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -118,6 +118,8 @@ class Trainer:
             installed=Installed(
                 frozenset(plugins.graph_backends.names(with_aliases=True)),
                 frozenset(plugins.precision_backends.names(with_aliases=True)),
+                tuple(plugins.levers),
+                frozenset(r.distribution for r in plugins.records if r.status == "ok"),
             ),
             world_size=run.world.size,
             rank=run.world.rank,

@@ -13,6 +13,7 @@ from falconet_testing.contracts.assigner import AssignerContract
 from falconet_testing.contracts.eval_backend import EvalBackendContract
 from falconet_testing.contracts.family import FamilyContract
 from falconet_testing.contracts.graph_backend import GraphBackendContract
+from falconet_testing.contracts.lever import LeverContract
 from falconet_testing.contracts.plugin import PluginContract
 from falconet_testing.contracts.precision import PrecisionBackendContract
 
@@ -21,6 +22,7 @@ __all__ = [
     "EvalBackendContract",
     "FamilyContract",
     "GraphBackendContract",
+    "LeverContract",
     "PluginContract",
     "PrecisionBackendContract",
 ]
