@@ -1,5 +1,5 @@
-"""falconet plugin: the ``cuda-graph`` and ``whole-step`` graph backends and their keys (torch
-is imported only when one is used)."""
+"""falconet plugin: the ``cuda-graph`` and ``whole-step`` graph backends, their keys and the
+profiler's levers for them (torch is imported only when a backend is used)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,10 @@ def register_train_keys(register: Register) -> None:
     from falconet_graphs_cuda.keys import GRAPHS_CUDA_KEYS
 
     register(GRAPHS_CUDA_KEYS)
+
+
+def register_levers(register: Register) -> None:
+    from falconet_graphs_cuda.levers import LEVERS
+
+    for lever in LEVERS:
+        register(lever)
