@@ -1,13 +1,35 @@
 """The verdict rules on synthetic evidence: one case per verdict, the order of the rules, the
-thresholds' edges, the levers, the CPU case and repeated trials."""
+thresholds' edges, the levers (the core's, a test plugin's, install hints for what is missing),
+the CPU case and repeated trials. Other plugins' levers are their own tests' (and the root
+tests/test_levers.py's)."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 
+from falconet.install_hints import lever_hints
+from falconet.levers import Suggestion, lever
+from falconet.plugins import Plugins
 from falconet_profiler.verdict import THRESHOLDS, Context, combine, decide
 
-GPU = Context(
+
+def installed(*plugins, **facts) -> Context:
+    """A context whose levers are those the core's built-ins and ``plugins`` register."""
+    manager = Plugins(env={}).load_builtins()
+    for i, plugin in enumerate(plugins):
+        record = manager.add_plugin(plugin, f"test-{i}", f"test-dist-{i}")
+        assert record.status == "ok", record.failure
+    return Context(
+        levers=tuple(manager.levers),
+        distributions=frozenset(r.distribution for r in manager.records),
+        **facts,
+    )
+
+
+GPU = installed(
     device="cuda",
     graph="eager",
     precision="bf16",
@@ -15,8 +37,10 @@ GPU = Context(
     workers=8,
     cache="none",
     cpu_count=16,
-    graphs=frozenset({"eager", "compile", "cuda-graph"}),
 )
+HINTS = list(lever_hints("host-launch"))
+"""The install hints of a launch-bound run: the core's catalogue, no such plugin installed."""
+HINT_DISTRIBUTIONS = list(lever_hints("host-launch").values())
 
 
 def evidence(**changes):
@@ -56,61 +80,52 @@ def test_host_launch_with_its_evidence():
     assert verdict["name"] == "host-launch"
     assert "21%" in verdict["reason"] and "6742 kernels per step" in verdict["reason"]
     assert "(short)" in verdict["reason"] and "78.0 host syncs" in verdict["reason"]
-    assert sets(verdict) == [
-        "graph=cuda-graph",
-        "graph=whole-step",
-        "graph=compile",
-        "batch=32",
-    ]
+    assert sets(verdict) == ["graph=compile", "batch=32", *HINTS]
+    hint = verdict["levers"][2]
+    assert hint["needs"].startswith("pip install ") and "not installed" in hint["why"]
 
 
 def test_compute():
     verdict = decide(evidence(), GPU)
     assert verdict["name"] == "compute" and verdict["also"] == []
-    fp32 = decide(evidence(), Context(device="cuda", precision="fp32"))
+    fp32 = decide(evidence(), installed(device="cuda", precision="fp32"))
     assert sets(fp32) == ["amp_dtype=bf16"]
     low_tensor_cores = decide(evidence(tensor_core_share=0.2), GPU)
     assert sets(low_tensor_cores) == ["graph=compile"]
-    whole_step = Context(device="cuda", graph="whole-step")
-    fused_step = ["bn_silu=triton", "fuse=inductor-loss"]
-    assert sets(decide(evidence(), whole_step)) == fused_step
-    fused = Context(device="cuda", graph="whole-step", fuse="inductor")
-    assert sets(decide(evidence(), fused)) == []
-    with_fp16 = Context(device="cuda", graph="whole-step", precisions=frozenset({"bf16", "fp16"}))
-    assert sets(decide(evidence(), with_fp16)) == ["amp_dtype=fp16", *fused_step]
-    in_fp16 = Context(device="cuda", precision="fp16", precisions=frozenset({"bf16", "fp16"}))
+    with_fp16 = installed(device="cuda", precisions=frozenset({"bf16", "fp16"}))
+    assert sets(decide(evidence(), with_fp16)) == ["amp_dtype=fp16"]
+    in_fp16 = installed(device="cuda", precision="fp16", precisions=frozenset({"bf16", "fp16"}))
     assert sets(decide(evidence(), in_fp16)) == []
 
 
-@pytest.mark.parametrize(
-    ("fuse", "bn_silu", "levers"),
-    [
-        ("none", "native", ["bn_silu=triton", "fuse=inductor-loss"]),
-        ("inductor-loss", "native", ["bn_silu=triton"]),
-        ("none", "triton", ["fuse=inductor-loss"]),
-        ("inductor-loss", "triton", []),  # already the fastest step that kept the mAP
-        ("inductor-all", "native", []),  # a compiled network: bn_silu=triton does not combine
-    ],
-)
-def test_fused_step_levers_add_what_the_run_lacks(fuse, bn_silu, levers):
-    context = Context(
-        device="cuda", graph="whole-step", precision="fp16", fuse=fuse, bn_silu=bn_silu
+@lever("widen", "wider, for a test", ("compute", "host-launch"), 12)
+def widen(context):
+    """A test plugin's lever: its own key ``width``, doubled where the GPU is busy."""
+    width = context.options.get("width", 1)
+    return Suggestion("width", 2 * width, f"from {width}: more work per kernel")
+
+
+WIDTH_PLUGIN = SimpleNamespace(register_levers=lambda register: register(widen))
+
+
+def test_a_plugins_lever_joins_the_verdict_by_its_priority():
+    context = installed(WIDTH_PLUGIN, device="cuda", options={"width": 3})
+    compute = decide(evidence(tensor_core_share=0.2), context)
+    assert sets(compute) == ["width=6", "graph=compile"]  # priority 12 above compile's 10
+    assert compute["levers"][0]["why"] == "from 3: more work per kernel"
+    launch = decide(evidence(gpu_busy=0.3), context)
+    assert sets(launch) == ["width=6", "graph=compile", "batch=32", *HINTS]
+    waiting = decide(evidence(loader_wait_fraction=0.5), context)
+    assert "width=6" not in sets(waiting)  # asked only for the verdicts it declares
+
+
+def test_a_suggestion_the_run_already_has_is_left_out():
+    stale = lever("stale", "suggests the run's value", ("compute",), 50)(
+        lambda context: Suggestion("width", 3, "already so")
     )
-    assert sets(decide(evidence(), context)) == levers
-
-
-def test_fused_step_reason_follows_the_precision():
-    """The levers quote the fp16 overfit check; in a bf16 run they add bf16's, which
-    checked the two levers together only (docs/performance.md)."""
-
-    def reasons(precision):
-        context = Context(device="cuda", graph="whole-step", precision=precision)
-        return [lever["why"] for lever in decide(evidence(), context)["levers"]]
-
-    for why in reasons("fp16"):
-        assert "kept the mAP" in why and "in bf16" not in why
-    for why in reasons("bf16"):
-        assert "in bf16 (this run) the two were checked together only" in why
+    plugin = SimpleNamespace(register_levers=lambda register: register(stale))
+    context = installed(plugin, device="cuda", options={"width": 3})
+    assert sets(decide(evidence(), context)) == []
 
 
 @pytest.mark.parametrize(
@@ -141,31 +156,33 @@ def test_rules_apply_in_order_and_at_their_thresholds():
 
 
 def test_levers_leave_out_what_is_already_set_and_say_what_is_missing():
-    graphed = Context(graph="whole-step", batch=64, workers=16, cpu_count=16, cache="ram")
+    # a run whose graph backend came from the hinted distribution: no install hint
+    graphed = installed(graph="whole-step", batch=64, workers=16, cpu_count=16, cache="ram")
+    graphed = dataclasses.replace(graphed, distributions=frozenset(HINT_DISTRIBUTIONS))
     verdict = decide(evidence(gpu_busy=0.5, peak_reserved_fraction=0.8), graphed)
     assert verdict["levers"] == []  # the whole step graphed, memory too full to double the batch
-    network_only = decide(evidence(gpu_busy=0.5), Context(graph="cuda-graph"))
-    assert sets(network_only)[0] == "graph=whole-step"  # next: the loss and optimizer too
     waiting = decide(evidence(loader_wait_fraction=0.3), graphed)
     assert sets(waiting) == ["cache=gpu"]  # every worker busy: the data moves to the GPU
-    on_gpu = Context(graph="whole-step", workers=16, cpu_count=16, cache="gpu")
+    on_gpu = installed(graph="compile", workers=16, cpu_count=16, cache="gpu")
     assert decide(evidence(loader_wait_fraction=0.3), on_gpu)["levers"] == []
     # cache=gpu has no loader workers: more of them is no lever, whatever `workers` says
-    on_gpu_default = Context(graph="whole-step", workers=8, cpu_count=16, cache="gpu")
+    on_gpu_default = installed(graph="compile", workers=8, cpu_count=16, cache="gpu")
     assert decide(evidence(loader_wait_fraction=0.3), on_gpu_default)["levers"] == []
     # images too many for cache=gpu's store: their files' bytes, decoded per batch on the GPU
-    too_many = Context(graph="whole-step", workers=16, cpu_count=16, gpu_store_fits=False)
+    too_many = installed(graph="compile", workers=16, cpu_count=16, gpu_store_fits=False)
     crowded = decide(evidence(loader_wait_fraction=0.3), too_many)
     assert sets(crowded) == ["cache=encoded"]
     assert "do not fit in half the GPU's free memory" in crowded["levers"][0]["why"]
-    decoding = Context(graph="whole-step", workers=8, cpu_count=16, cache="encoded")
+    decoding = installed(graph="compile", workers=8, cpu_count=16, cache="encoded")
     assert decide(evidence(loader_wait_fraction=0.3), decoding)["levers"] == []
-    missing = decide(evidence(gpu_busy=0.3), Context(graphs=frozenset({"eager", "compile"})))
-    assert missing["levers"][0]["needs"] == "pip install falconet-graphs-cuda"
+    missing = decide(evidence(gpu_busy=0.3), installed(graphs=frozenset({"eager", "compile"})))
+    assert [lever["needs"] for lever in missing["levers"] if "needs" in lever] == [
+        f"pip install {d}" for d in HINT_DISTRIBUTIONS
+    ]
 
 
 def test_the_cpu_has_no_gpu_trace():
-    cpu = Context(device="cpu", precision="fp32", workers=0, cpu_count=2)
+    cpu = installed(device="cpu", precision="fp32", workers=0, cpu_count=2)
     host_only = {"step_ms": 80.0, "loader_wait_fraction": 0.05, "gpu_busy": None}
     verdict = decide(host_only, cpu)
     assert verdict["name"] == "compute" and not verdict["gpu_trace"]

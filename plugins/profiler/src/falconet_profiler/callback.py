@@ -1,8 +1,8 @@
 """The ``profiler`` callback that ``profile=true`` adds to a run.
 
 It counts batches from the start of the run. It discards the batches up to the run's first
-optimizer step (which creates the optimizer's state, and after which a whole-step backend can
-capture; ``accumulate`` batches) and ``profile_warmup`` more; then it
+optimizer step (which creates the optimizer's state, and after which a backend that records
+the whole step can capture; ``accumulate`` batches) and ``profile_warmup`` more; then it
 swaps its :class:`~falconet_profiler.window.PhaseClock` in as ``run.phases``; it measures
 ``profile_steps`` batches: the first half unsynchronised and untraced (the real step time and
 loader wait; its last batch ends when the device has finished the half, so a host that runs
@@ -13,16 +13,17 @@ profiler, writes the artifacts into the run folder, logs the report and lets tra
 or, with ``profile_then_stop``, asks the run to stop (:meth:`RunState.request_stop`).
 When ``profile`` is off the callback is not in the run at all.
 
-Graph backends record a CUDA graph for each new shape (and ``whole-step`` for each new target
-bucket) on its third call; a capture costs tens to hundreds of milliseconds and allocates, so
-a window that holds one would report that cost (and its ``cudaMalloc`` calls) as the step's.
+Graph backends record a CUDA graph for each new shape (a backend that records the loss too,
+for each new target bucket) on its third call; a capture costs tens to hundreds of
+milliseconds and allocates, so a window that holds one would report that cost (and its
+``cudaMalloc`` calls) as the step's.
 A capture during the discarded batches or the unsynchronised half moves the window so that it
 starts only after ``profile_warmup`` batches in a row without one (at most
 ``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
 ``profile.json`` (``window.graph_captures``). Captures are read from the run's step
 (``run.step_stats()``, a :class:`~falconet.training.step.CaptureStats` whose ``recorded`` and
 ``failed`` say how many it has tried). A step that is ``pending`` (it will record but has not
-yet: whole-step before its first key has repeated, or with AdamW before its first step) moves
+yet: before its first key has repeated, or with AdamW before its first step) moves
 the window the same way, so the eager batches before its first recording are not timed as
 the backend's; batches it ran eagerly inside the window anyway are counted
 (``window.eager_batches``) and the report says so.
@@ -291,16 +292,17 @@ class Profiler:
         context = Context(
             device=run.device.type,
             graph=run.graph,
-            fuse=options.get("fuse", "none"),  # keys of the graph backend, when installed
-            bn_silu=options.get("bn_silu", "native"),
             precision=run.precision,
             batch=cfg.batch,
             workers=cfg.workers,
             cache=cfg.cache,
             gpu_store_fits=gpu_store_fits(run),
             cpu_count=os.cpu_count() or 1,
+            options=options,
             graphs=run.installed.graph_backends,
             precisions=run.installed.precision_backends,
+            levers=run.installed.levers,
+            distributions=run.installed.distributions,
         )
         origin = self.records[0].start if self.records else 0
         device_name = torch.cuda.get_device_name(run.device) if self.cuda else platform.processor()

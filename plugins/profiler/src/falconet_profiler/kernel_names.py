@@ -20,7 +20,7 @@ import re
 # (pattern searched in the raw name, what the kernel does); the first match wins, so the
 # convolutions (whose names contain "gemm") come before matrix products
 KINDS: tuple[tuple[str, str], ...] = (
-    # falconet-graphs-cuda's fused op (bn_silu=triton): statistics and their merge, the
+    # a fused BatchNorm+SiLU op on Triton kernels: statistics and their merge, the
     # normalisation, the backward's sums and their merge, the input's gradient
     (r"^bn_silu_(stats|grad_sums|stats_merge|grad_merge)", "BatchNorm+SiLU reduction (Triton)"),
     (r"^bn_silu_(normalise|input_grad)", "BatchNorm+SiLU elementwise (Triton)"),

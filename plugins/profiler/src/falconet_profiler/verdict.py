@@ -24,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-VERDICTS = ("dataloader", "host-launch", "compute", "memory-pressure", "mixed")
+from falconet.install_hints import lever_hints
+from falconet.levers import VERDICTS as LEVER_VERDICTS
+from falconet.levers import Lever, LeverContext, Suggestion
+
+VERDICTS = (*LEVER_VERDICTS, "mixed")
 
 THRESHOLDS: dict[str, float] = {
     "loader_wait_fraction": 0.20,
@@ -33,36 +37,24 @@ THRESHOLDS: dict[str, float] = {
     "peak_reserved_fraction": 0.95,
     "gpu_busy": 0.70,
     "short_kernel_us": 20.0,
-    "tensor_core_share": 0.50,
 }
 """dataloader at or above ``loader_wait_fraction``; memory-pressure at or above
 ``alloc_retries``, ``cuda_malloc_per_step`` or ``peak_reserved_fraction``; host-launch below
-``gpu_busy``; ``short_kernel_us`` and ``tensor_core_share`` only shape the evidence and levers."""
-
-FUSED_STEP = (
-    "fuse=inductor-loss with bn_silu=triton is the fastest whole step that kept the mAP on the "
-    "fp16 overfit check; not bit for bit: check the mAP of your own run with the overfit check "
-    "(docs/performance.md, 'Keys of graph=whole-step')"
-)
-"""What the fastest step that kept the mAP is (the fused levers' reason quotes it; what it
-measured is in docs/performance.md and the lab log it links). ``fuse=inductor-all``, which
-compiles the network too, is not suggested: it is slower than these two, and it lowered the
-mAP on the bf16 overfit check."""
-
-BF16_CHECKED = (
-    "; in bf16 (this run) the two were checked together only, and the overfit check was not "
-    "conclusive: check the mAP of a bf16 run"
-)
+``gpu_busy``; ``short_kernel_us`` only shapes the evidence. What a lever decides by is the
+lever's own (``register_levers``: :mod:`falconet.levers`)."""
 
 
 @dataclass(frozen=True)
 class Context:
-    """What the levers depend on: the run's keys and what is installed."""
+    """What the levers depend on: the run's facts and keys, and what is installed.
+
+    ``levers`` are the installed plugins' levers (``register_levers``; the core's own keys are
+    the built-in plugin's), ``distributions`` the distributions that loaded: a verdict's lever
+    of a plugin not installed comes from the core's install hints.
+    """
 
     device: str = "cuda"
     graph: str = "eager"
-    fuse: str = "none"
-    bn_silu: str = "native"
     precision: str = "bf16"
     batch: int = 16
     workers: int = 8
@@ -71,8 +63,18 @@ class Context:
     """Whether the run's training images would fit ``cache=gpu``'s store (half the GPU's memory
     free before training); ``None`` where not known (off CUDA)."""
     cpu_count: int = 8
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Every key of the run, plugins' keys included (what a lever reads its own keys from)."""
     graphs: frozenset[str] = field(default_factory=lambda: frozenset({"eager", "compile"}))
     precisions: frozenset[str] = field(default_factory=lambda: frozenset({"fp32", "bf16"}))
+    levers: tuple[Lever, ...] = ()
+    distributions: frozenset[str] = frozenset()
+
+    def current(self, key: str) -> Any:
+        """The run's value of ``key``: the resolved backend for ``graph`` and ``amp_dtype``."""
+        resolved = {"graph": self.graph, "amp_dtype": self.precision, "batch": self.batch}
+        resolved |= {"workers": self.workers, "cache": self.cache}
+        return resolved[key] if key in resolved else self.options.get(key)
 
 
 def decide(evidence: Mapping[str, Any], context: Context) -> dict[str, Any]:
@@ -161,144 +163,44 @@ def _launch_detail(evidence: Mapping[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _lever(key: str, value: Any, why: str, needs: str | None = None) -> dict[str, Any]:
-    lever = {"key": key, "value": value, "set": f"{key}={value}", "why": why}
-    if needs:
-        lever["needs"] = needs
-    return lever
-
-
-def _fused_step_levers(c: Context) -> list[dict[str, Any]]:
-    """``bn_silu=triton`` (BatchNorm and SiLU as one Triton op) and ``fuse=inductor-loss``
-    (the loss compiled), the two parts of the fastest step that kept the mAP; neither where a
-    compiled network (``fuse=inductor``, ``inductor-all``) already runs Inductor's BatchNorm,
-    with which ``bn_silu=triton`` does not combine."""
-    if c.fuse in ("inductor", "inductor-all"):
-        return []
-    caveat = "" if c.precision == "fp16" else BF16_CHECKED
-    out = []
-    if c.bn_silu != "triton":
-        why = (
-            "BatchNorm and SiLU as one op on Triton kernels, fewer bytes moved (most with "
-            "bf16, where PyTorch runs its own BatchNorm kernels instead of cuDNN's); "
-            + FUSED_STEP
-            + caveat
-        )
-        out.append(_lever("bn_silu", "triton", why))
-    if c.fuse == "none":
-        why = (
-            "compile the loss and its assigner with Inductor inside the captured step: fewer, "
-            "fused kernels, a compilation per target bucket at the start; " + FUSED_STEP + caveat
-        )
-        out.append(_lever("fuse", "inductor-loss", why))
-    return out
-
-
 def levers(name: str, evidence: Mapping[str, Any], c: Context) -> list[dict[str, Any]]:
-    """The training keys that address verdict ``name``, as ``{key, value, set, why[, needs]}``;
-    a key already at the suggested value is left out."""
+    """The training keys that address verdict ``name``, as ``{key, value, set, why[, needs]}``.
+
+    Each installed lever whose ``verdicts`` hold ``name`` is asked, highest ``priority`` first;
+    a suggestion of a value the run already has is left out, whoever made it. Then, for the
+    levers the core's install hints list under ``name`` whose distribution did not load, the
+    ``key=value`` with the install command.
+    """
+    context = LeverContext(
+        verdict=name,
+        evidence=evidence,
+        device=c.device,
+        graph=c.graph,
+        precision=c.precision,
+        batch=c.batch,
+        workers=c.workers,
+        cache=c.cache,
+        gpu_store_fits=c.gpu_store_fits,
+        cpu_count=c.cpu_count,
+        options=c.options,
+        graph_backends=c.graphs,
+        precision_backends=c.precisions,
+    )
     out: list[dict[str, Any]] = []
-    if name == "dataloader":
-        # cache=gpu draws each batch's plan on one host thread and renders it on the GPU: no
-        # loader workers there to add
-        on_gpu = c.cache in ("gpu", "encoded", "stream")  # augmented on the GPU
-        if c.workers < c.cpu_count and not on_gpu:
-            more = min(c.cpu_count, max(2 * c.workers, 1))
-            out.append(
-                _lever(
-                    "workers",
-                    more,
-                    f"{c.workers} loader workers; this machine has {c.cpu_count} CPUs",
-                )
-            )
-        if c.device == "cuda" and not on_gpu and c.gpu_store_fits is not False:
-            out.append(
-                _lever(
-                    "cache",
-                    "gpu",
-                    "decode once into GPU memory and augment each batch on the GPU: the CPU "
-                    "workers leave the step's path (docs/gpu-data.md, its memory cost)",
-                )
-            )
-        elif c.device == "cuda" and not on_gpu:
-            out.append(
-                _lever(
-                    "cache",
-                    "encoded",
-                    "the images do not fit in half the GPU's free memory decoded: hold the "
-                    "files' bytes in host memory and decode each batch on the GPU (nvJPEG), "
-                    "augmented there; cache=stream reads them per batch (docs/data.md)",
-                )
-            )
-        elif c.cache == "none":  # off CUDA
-            out.append(_lever("cache", "ram", "decode each image once instead of every epoch"))
-    elif name == "host-launch":
-        needs = None if "cuda-graph" in c.graphs else "pip install falconet-graphs-cuda"
-        if c.graph not in ("cuda-graph", "whole-step"):
-            out.append(
-                _lever(
-                    "graph",
-                    "cuda-graph",
-                    "replay the network's forward and backward from CUDA graphs: one launch "
-                    "per graph instead of one per kernel",
-                    needs,
-                )
-            )
-        if c.graph != "whole-step":
-            out.append(
-                _lever(
-                    "graph",
-                    "whole-step",
-                    "replay the loss, optimizer and EMA from graphs as well (a static-shaped "
-                    "loss such as yolo with assigner=tal; fp16 with sgd only)",
-                    needs,
-                )
-            )
-        if c.graph == "eager":
-            out.append(_lever("graph", "compile", "fuse elementwise kernels: fewer launches"))
-        peak = evidence.get("peak_reserved_fraction")
-        if peak is None or peak < 0.5:
-            out.append(
-                _lever(
-                    "batch",
-                    2 * c.batch,
-                    "more work per launch; nbs keeps the optimizer's nominal batch",
-                )
-            )
-    elif name == "compute":
-        share = evidence.get("tensor_core_share")
-        if c.device == "cpu":
-            pass  # the host computes the step: no key of falconet makes it cheaper here
-        elif c.precision == "fp32":
-            out.append(_lever("amp_dtype", "bf16", "Tensor Cores and half the memory traffic"))
-        else:
-            low = share is not None and share < THRESHOLDS["tensor_core_share"]
-            if low and c.graph == "eager":
-                why = f"only {share:.0%} of kernel time is on Tensor Cores; fuse the rest"
-                out.append(_lever("graph", "compile", why))
-            if c.precision == "bf16" and "fp16" in c.precisions:
-                why = (
-                    "BatchNorm runs on cuDNN in fp16 and on slower native kernels in bf16 "
-                    "(tools/bench_batchnorm.py times the two; the overfit check trained fp16 to "
-                    "the same mAP: docs/performance.md, 'amp_dtype'); fp16 adds a gradient "
-                    "scaler, which graph=whole-step carries with SGD only"
-                )
-                out.append(_lever("amp_dtype", "fp16", why))
-            if c.graph == "whole-step" and c.device == "cuda":
-                out += _fused_step_levers(c)
-            if "fp8" in c.precisions and c.precision != "fp8":
-                out.append(_lever("amp_dtype", "fp8", "FP8 Tensor Cores (Hopper and later)"))
-    elif name == "memory-pressure":
-        if c.batch > 1:
-            out.append(
-                _lever(
-                    "batch",
-                    max(c.batch // 2, 1),
-                    "halve activation memory; nbs keeps the optimizer's nominal batch",
-                )
-            )
-        if c.precision == "fp32":
-            out.append(_lever("amp_dtype", "bf16", "half-size activations"))
+    for lever in sorted(c.levers, key=lambda lever: -lever.priority):
+        if name not in lever.verdicts:
+            continue
+        suggestion = lever.suggest(context)
+        if suggestion is None or c.current(suggestion.key) == suggestion.value:
+            continue
+        if all(o["set"] != f"{suggestion.key}={suggestion.value}" for o in out):
+            out.append(suggestion.as_dict())
+    for setting, distribution in lever_hints(name).items():
+        key, value = setting.split("=", 1)
+        if distribution in c.distributions or str(c.current(key)) == value:
+            continue
+        why = f"a lever of {distribution}, which is not installed here"
+        out.append(Suggestion(key, value, why, needs=f"pip install {distribution}").as_dict())
     return out
 
 
