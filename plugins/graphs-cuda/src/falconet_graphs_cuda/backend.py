@@ -2,7 +2,8 @@
 from CUDA graphs; loss, optimizer and EMA stay eager.
 
 It declines (the trainer logs the reason and continues with ``graph=eager``) on a device other
-than CUDA and for a family that declares no capture region. In a distributed run the replayed
+than CUDA, for a family that declares no capture region and with ``grad_checkpoint`` on
+(``whole-step`` too). In a distributed run the replayed
 network is called through DDP: a replay's backward hands each parameter its gradient through
 autograd, so DDP's reducer all-reduces the gradients outside the recorded region, as it does
 for the eager network. ``whole-step`` records the collectives inside its own graphs instead.
@@ -36,6 +37,14 @@ class CudaGraphBackend:
             return f"CUDA graphs need a CUDA device, and this run is on {context.device.type}"
         if context.capture_region is None:
             return "the model family declares no capture region"
+        from falconet.grad_checkpoint import GradCheckpointKeys
+
+        if context.keys(GradCheckpointKeys).grad_checkpoint != "off":
+            return (
+                "grad_checkpoint recomputes blocks in the backward, and that recomputation "
+                "(with the random state it saves and puts back) is not checked inside CUDA "
+                "graphs yet"
+            )
         return None
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
@@ -68,8 +77,15 @@ class WholeStepBackend:
                 "the model family declares no static-shaped loss with the run's assigner on "
                 "this device (the assigner's static_on)"
             )
+        from falconet.precision import autocast_dtype
+        from falconet_graphs_cuda.keys import GraphsCudaKeys
+        from falconet_graphs_cuda.proved_torch import unproved_reason
         from falconet_graphs_cuda.static_update import unsupported
 
+        if not context.keys(GraphsCudaKeys).replay_unproved and (
+            reason := unproved_reason(autocast_dtype(context.precision, context.device))
+        ):
+            return reason
         return unsupported(context.optimizer, scaled=context.scaler is not None)
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:

@@ -15,7 +15,8 @@ from falconet.keys import KeyGroup
 
 
 class GraphsCudaKeys(BaseModel):
-    """``fuse``, ``wgrad_stream`` and ``bn_silu``: how the recorded whole step is made."""
+    """``fuse``, ``wgrad_stream``, ``bn_silu`` and ``replay_unproved``: how the recorded
+    whole step is made, and whether it runs on a torch it was not proved on."""
 
     fuse: Literal["none", "inductor", "inductor-loss", "inductor-all"] = Field(
         "none",
@@ -35,6 +36,12 @@ class GraphsCudaKeys(BaseModel):
         description="graph=whole-step on a GPU: BatchNorm and SiLU as PyTorch's kernels "
         "(native) or one fused op on Triton kernels (triton: fewer kernels and passes over "
         "memory, agrees to rounding, not bit for bit; docs/performance.md)",
+    )
+    replay_unproved: bool = Field(
+        False,
+        description="graph=whole-step under fp16 or bf16 on a torch release its bit-for-bit "
+        "check did not run on (falconet_graphs_cuda.proved_torch): replay anyway instead of "
+        "declining (graph=auto then takes cuda-graph)",
     )
 
 
