@@ -13,6 +13,7 @@ import click
 from falconet import __version__
 from falconet.plugins import CORE_DISTRIBUTION, PluginLoadError, Plugins, get_plugins
 from falconet.training import collector
+from falconet.training.parent_death import end_with_runner
 
 
 def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -62,7 +63,9 @@ def load_plugins() -> Plugins:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Under ``uv run`` the command ends when uv is killed
+    (:mod:`falconet.training.parent_death`)."""
+    end_with_runner()
     try:
         plugins = load_plugins()
     except PluginLoadError as exc:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -225,19 +224,13 @@ def _attempt_store(world: World, timeout: datetime.timedelta) -> dist.Store | No
 
 
 def _end_with_launcher() -> None:
-    """Ask Linux to kill this rank when its launcher dies (``PR_SET_PDEATHSIG``): torchrun's
-    agent killed with SIGKILL cannot stop its workers, which would otherwise train on and
-    write checkpoints behind the next run's back. Elsewhere nothing changes."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+    """Ask Linux to kill this rank when its launcher dies: torchrun's agent killed with
+    SIGKILL cannot stop its workers (:mod:`falconet.training.parent_death`)."""
     import signal
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the launcher was already gone
-        os._exit(1)
+    from falconet.training.parent_death import end_with_parent
+
+    end_with_parent(signal.SIGKILL)
 
 
 def stop(*, together: bool = True) -> None:
