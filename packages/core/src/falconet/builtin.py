@@ -28,8 +28,10 @@ def register_graph_backends(register: Register) -> None:
 
 def register_train_keys(register: Register) -> None:
     from falconet.graph_backends.compile import COMPILE_KEYS
+    from falconet.grad_checkpoint import GRAD_CHECKPOINT_KEYS
 
     register(COMPILE_KEYS)
+    register(GRAD_CHECKPOINT_KEYS)
 
 
 def register_callbacks(register: Register) -> None:

@@ -150,6 +150,20 @@ class ExportableFamily(Protocol):
         ...
 
 
+@runtime_checkable
+class CheckpointingFamily(Protocol):
+    """A :class:`ModelFamily` whose networks can recompute their blocks' activations in the
+    backward (the ``grad_checkpoint`` key, :mod:`falconet.grad_checkpoint`; optional: a run
+    asking a family without it for a region is refused when it is planned).
+
+    ``grad_checkpoint_regions`` names the regions it can checkpoint (``backbone``, ``neck``);
+    its ``configure(options)`` reads the key (:func:`falconet.grad_checkpoint.regions`) and its
+    networks run each block of those regions through :func:`falconet.grad_checkpoint.checkpoint`,
+    so a step computes the same numbers with less memory."""
+
+    grad_checkpoint_regions: Sequence[str]
+
+
 @dataclass(frozen=True, eq=False)
 class Predictions:
     """What an assigner sees of the network's predictions, per anchor (detached).

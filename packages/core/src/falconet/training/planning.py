@@ -121,9 +121,14 @@ def configured(family: ModelFamily, config: TrainConfig) -> ModelFamily:
     """The family a run of ``config`` uses: a family with training keys of its own (registered
     through ``register_train_keys``) implements ``configure(options) -> ModelFamily``, given
     the run's resolved keys, and the run builds its network and loss with what it returns
-    (optional: a family without it is used as it is); the core names none of its keys."""
+    (optional: a family without it is used as it is); the core names none of its keys. A
+    ``grad_checkpoint`` region the family does not declare is refused here."""
+    from falconet.grad_checkpoint import refuse_unsupported
+
+    options = config.model_dump()
+    refuse_unsupported(family, options)
     configure = getattr(family, "configure", None)
-    return family if configure is None else configure(config.model_dump())
+    return family if configure is None else configure(options)
 
 
 def default_model(plugins: Plugins) -> str:
