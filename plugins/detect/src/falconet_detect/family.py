@@ -15,13 +15,24 @@ class YoloFamily:
     summary = "anchor-free YOLO, C2f backbone, PAN neck, DFL head (n 3.2M / s 11.2M / m 25.9M)"
     models = ("yolo-n", "yolo-s", "yolo-m")
     priority = 10  # with no model= key a run trains yolo-n, the fastest to train
+    grad_checkpoint_regions = ("backbone", "neck")  # falconet.interfaces.CheckpointingFamily
+
+    def __init__(self, grad_checkpoint: frozenset[str] = frozenset()) -> None:
+        self.grad_checkpoint = frozenset(grad_checkpoint)
+
+    def configure(self, options: Mapping[str, Any]) -> YoloFamily:
+        """The family for a run of ``options``: its networks checkpoint the regions the run's
+        ``grad_checkpoint`` names (:mod:`falconet.grad_checkpoint`)."""
+        from falconet.grad_checkpoint import regions
+
+        return YoloFamily(regions(options))
 
     def build_model(self, model: str, num_classes: int):  # -> YoloNet
         from falconet_detect.network import SCALES, YoloNet
 
         if model not in SCALES:
             raise ValueError(f"model={model}: the yolo family has {', '.join(SCALES)}")
-        return YoloNet(SCALES[model], num_classes)
+        return YoloNet(SCALES[model], num_classes, self.grad_checkpoint)
 
     def build_loss(self, model: Any, assigner: Assigner):  # -> YoloLoss
         from falconet_detect.loss import YoloLoss

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from falconet import ops
+from falconet.grad_checkpoint import checkpoint
 from falconet_detect.blocks import SPPF, C2f, Conv, Upsample2x
 
 STRIDES = (8, 16, 32)
@@ -134,10 +135,17 @@ class DetectHead(nn.Module):
 
 
 class YoloNet(nn.Module):
-    """Backbone, neck and head for ``num_classes`` classes at one :class:`Scale`."""
+    """Backbone, neck and head for ``num_classes`` classes at one :class:`Scale`.
 
-    def __init__(self, scale: Scale, num_classes: int) -> None:
+    ``grad_checkpoint``: the regions (``backbone``: the stem and stages 3-5; ``neck``: the
+    PAN's C2f blocks) whose blocks recompute their activations in the backward
+    (:func:`falconet.grad_checkpoint.checkpoint`); the head keeps its own."""
+
+    def __init__(
+        self, scale: Scale, num_classes: int, grad_checkpoint: frozenset[str] = frozenset()
+    ) -> None:
         super().__init__()
+        self.grad_checkpoint = frozenset(grad_checkpoint)
         c, n = scale.ch, scale.n
         self.stem = nn.Sequential(
             Conv(3, c(64), 3, 2), Conv(c(64), c(128), 3, 2), C2f(c(128), c(128), n(3), True)
@@ -161,11 +169,20 @@ class YoloNet(nn.Module):
         self, images: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``images [B, 3, H, W]`` float in ``[0, 1]``, H and W multiples of 32."""
-        p3 = self.stage3(self.stem(images))
-        p4 = self.stage4(p3)
-        p5 = self.stage5(p4)
-        t4 = self.top4(torch.cat((self.up(p5), p4), 1))
-        n3 = self.top3(torch.cat((self.up(t4), p3), 1))
-        n4 = self.bottom4(torch.cat((self.down3(n3), t4), 1))
-        n5 = self.bottom5(torch.cat((self.down4(n4), p5), 1))
+        backbone, neck = self._region("backbone"), self._region("neck")
+        p3 = backbone(self.stage3, backbone(self.stem, images))
+        p4 = backbone(self.stage4, p3)
+        p5 = backbone(self.stage5, p4)
+        t4 = neck(self.top4, torch.cat((self.up(p5), p4), 1))
+        n3 = neck(self.top3, torch.cat((self.up(t4), p3), 1))
+        n4 = neck(self.bottom4, torch.cat((self.down3(n3), t4), 1))
+        n5 = neck(self.bottom5, torch.cat((self.down4(n4), p5), 1))
         return self.head([n3, n4, n5])
+
+    def _region(self, name: str):
+        """How a block of region ``name`` runs: checkpointed, or as a plain call."""
+        return checkpoint if name in self.grad_checkpoint else _plain
+
+
+def _plain(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return block(x)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from falconet import ops
+from falconet.grad_checkpoint import checkpoint
 
 
 class ConvNorm(nn.Sequential):
@@ -50,10 +51,15 @@ class BasicBlock(nn.Module):
 
 
 class Backbone(nn.Module):
-    """``widths = (stem, stride 8, stride 16, stride 32)`` channels, ``depth`` blocks a stage."""
+    """``widths = (stem, stride 8, stride 16, stride 32)`` channels, ``depth`` blocks a stage;
+    with ``grad_checkpoint`` the stem and each stage recompute their activations in the
+    backward (:func:`falconet.grad_checkpoint.checkpoint`)."""
 
-    def __init__(self, widths: tuple[int, int, int, int], depth: int) -> None:
+    def __init__(
+        self, widths: tuple[int, int, int, int], depth: int, grad_checkpoint: bool = False
+    ) -> None:
         super().__init__()
+        self.grad_checkpoint = grad_checkpoint
         stem, *stages = widths
         self.stem = nn.Sequential(ConvNorm(3, stem, 3, 2), ConvNorm(stem, stem, 3, 2))
         blocks, cin = [], stem
@@ -68,9 +74,14 @@ class Backbone(nn.Module):
         self.channels = tuple(stages)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        x = self.stem(x)
+        run = checkpoint if self.grad_checkpoint else _plain
+        x = run(self.stem, x)
         features = []
         for stage in self.stages:
-            x = stage(x)
+            x = run(stage, x)
             features.append(x)
         return features
+
+
+def _plain(block: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    return block(*inputs)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from falconet.grad_checkpoint import checkpoint
 from falconet_detr.attention import Attention
 from falconet_detr.backbone import ConvNorm
 
@@ -61,10 +62,20 @@ class Fuse(nn.Module):
 
 
 class HybridEncoder(nn.Module):
+    """With ``grad_checkpoint`` the attention layer and each fusion block recompute their
+    activations in the backward (:func:`falconet.grad_checkpoint.checkpoint`)."""
+
     def __init__(
-        self, channels: tuple[int, ...], dim: int, heads: int, ffn: int, depth: int
+        self,
+        channels: tuple[int, ...],
+        dim: int,
+        heads: int,
+        ffn: int,
+        depth: int,
+        grad_checkpoint: bool = False,
     ) -> None:
         super().__init__()
+        self.grad_checkpoint = grad_checkpoint
         self.project = nn.ModuleList(ConvNorm(c, dim, 1, act=False) for c in channels)
         self.intra = EncoderLayer(dim, heads, ffn)
         levels = len(channels)
@@ -74,11 +85,12 @@ class HybridEncoder(nn.Module):
         self.bottom_up = nn.ModuleList(Fuse(dim, depth) for _ in range(levels - 1))
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        run = checkpoint if self.grad_checkpoint else _plain
         maps = [project(f) for project, f in zip(self.project, features, strict=True)]
         top = maps[-1]
         b, d, h, w = top.shape
         flat = top.flatten(2).transpose(1, 2)
-        flat = self.intra(flat, sincos_2d(h, w, d, flat))
+        flat = run(self.intra, flat, sincos_2d(h, w, d, flat))
         maps[-1] = flat.transpose(1, 2).reshape(b, d, h, w)
         # top-down: each level gets the one above, upsampled
         inner = [maps[-1]]
@@ -86,9 +98,13 @@ class HybridEncoder(nn.Module):
             higher = self.lateral[i](inner[0])
             inner[0] = higher
             up = F.interpolate(higher, size=maps[i].shape[-2:], mode="nearest")
-            inner.insert(0, self.top_down[i](up, maps[i]))
+            inner.insert(0, run(self.top_down[i], up, maps[i]))
         # bottom-up: each level gets the one below, downsampled
         outs = [inner[0]]
         for i in range(len(maps) - 1):
-            outs.append(self.bottom_up[i](self.down[i](outs[-1]), inner[i + 1]))
+            outs.append(run(self.bottom_up[i], self.down[i](outs[-1]), inner[i + 1]))
         return outs
+
+
+def _plain(block: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    return block(*inputs)

@@ -18,23 +18,30 @@ class DetrFamily:
     summary = "RT-DETR-style: hybrid encoder, deformable decoder, denoising (falconet-detr)"
     models = ("detr-n", "detr-s")
     priority = 0  # the default model only where no family of higher priority is installed
+    grad_checkpoint_regions = ("backbone", "neck")  # falconet.interfaces.CheckpointingFamily
 
-    def __init__(self, query_groups: int = 1) -> None:
+    def __init__(
+        self, query_groups: int = 1, grad_checkpoint: frozenset[str] = frozenset()
+    ) -> None:
         self.query_groups = query_groups
+        self.grad_checkpoint = frozenset(grad_checkpoint)
 
     def configure(self, options: Mapping[str, Any]) -> DetrFamily:
-        """The family for a run of ``options`` (the run's resolved keys): its own keys read."""
+        """The family for a run of ``options`` (the run's resolved keys): its own keys read,
+        and the regions the core's ``grad_checkpoint`` names (:mod:`falconet.grad_checkpoint`;
+        ``neck``: the hybrid encoder)."""
+        from falconet.grad_checkpoint import regions
         from falconet.interfaces import validated_keys
         from falconet_detr.keys import DetrKeys
 
-        return DetrFamily(validated_keys(options, DetrKeys).query_groups)
+        return DetrFamily(validated_keys(options, DetrKeys).query_groups, regions(options))
 
     def build_model(self, model: str, num_classes: int):  # -> DetrNet
         from falconet_detr.network import SCALES, DetrNet
 
         if model not in SCALES:
             raise ValueError(f"model={model}: the detr family has {', '.join(SCALES)}")
-        return DetrNet(SCALES[model], num_classes, self.query_groups)
+        return DetrNet(SCALES[model], num_classes, self.query_groups, self.grad_checkpoint)
 
     def build_loss(self, model: Any, assigner: Assigner):  # -> DetrLoss
         """The loss matches each of ``model``'s query groups on its own (its ``query_groups``)."""

@@ -106,12 +106,26 @@ class GroupProposals(nn.Module):
 
 
 class DetrNet(nn.Module):
-    def __init__(self, scale: Scale, num_classes: int, query_groups: int = 1) -> None:
+    """``grad_checkpoint``: the regions (``backbone``, ``neck``: the hybrid encoder) whose
+    blocks recompute their activations in the backward; the decoder keeps its own."""
+
+    def __init__(
+        self,
+        scale: Scale,
+        num_classes: int,
+        query_groups: int = 1,
+        grad_checkpoint: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__()
         self.num_classes, self.queries = num_classes, scale.queries
-        self.backbone = Backbone(scale.widths, scale.depth)
+        self.backbone = Backbone(scale.widths, scale.depth, "backbone" in grad_checkpoint)
         self.encoder = HybridEncoder(
-            self.backbone.channels, scale.dim, scale.heads, scale.ffn, scale.fuse_depth
+            self.backbone.channels,
+            scale.dim,
+            scale.heads,
+            scale.ffn,
+            scale.fuse_depth,
+            grad_checkpoint="neck" in grad_checkpoint,
         )
         levels = len(self.backbone.channels)
         self.decoder = Decoder(

@@ -115,3 +115,62 @@ class FamilyContract:
         net = self._build()
         region = self.family.capture_region(net)
         assert region is None or isinstance(region, torch.nn.Module)
+
+    def test_grad_checkpoint_changes_no_number(self) -> None:
+        """A family that checkpoints (:class:`falconet.interfaces.CheckpointingFamily`): two
+        SGD steps with every region checkpointed leave the loss, every gradient, weight and
+        buffer (BatchNorm's running statistics among them) as they are without, bit for bit:
+        the recomputation runs the same kernels on the same inputs and autograd's graph keeps
+        its order, so equality is exact (eager, CPU)."""
+        import pytest
+        import torch
+
+        from falconet.data.targets import Targets
+        from falconet.interfaces import CheckpointingFamily
+
+        if not isinstance(self.family, CheckpointingFamily):
+            pytest.skip("the family declares no grad_checkpoint regions")
+        every = "+".join(self.family.grad_checkpoint_regions)
+        batch = tiny_batch()
+        targets = Targets.from_batch(batch)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a shared machine's second core only contends
+        try:
+            runs, kept = self._train_twice(("off", every), batch, targets)
+        finally:
+            torch.set_num_threads(threads)
+        (loss0, grads0, state0), (loss1, grads1, state1) = runs
+        assert kept[1] < kept[0]  # the checkpointed blocks kept their inputs only
+        assert torch.equal(loss0, loss1)
+        assert grads0.keys() == grads1.keys() and grads0
+        assert all(torch.equal(grads0[n], grads1[n]) for n in grads0)
+        assert [n for n in state0 if not torch.equal(state0[n], state1[n])] == []
+
+    def _train_twice(self, values: tuple[str, ...], batch: dict, targets: Any) -> tuple:
+        """Per ``grad_checkpoint`` value: two SGD steps' last loss, gradients and state, and
+        the elements autograd kept outside checkpointed blocks in the first forward."""
+        import torch
+
+        configure = self.family.configure  # a checkpointing family reads the key there
+        runs, kept = [], []
+        for value in values:
+            family = configure({"grad_checkpoint": value})
+            torch.manual_seed(0)
+            net = family.build_model(self.model, 3).train()
+            loss = family.build_loss(net, self.assigner)
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+            for step in range(2):  # the second step's gradients come from updated weights
+                torch.manual_seed(1)  # the loss's own draws (denoising queries), alike
+                saved: list[int] = []  # what autograd keeps outside checkpointed blocks
+                with torch.autograd.graph.saved_tensors_hooks(
+                    lambda t, saved=saved: saved.append(t.numel()) or t, lambda t: t
+                ):
+                    total, _ = loss(net(batch["images"]), targets)
+                if step == 0:
+                    kept.append(sum(saved))
+                optimizer.zero_grad()
+                total.backward()
+                optimizer.step()
+            grads = {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+            runs.append((total.detach(), grads, net.state_dict()))
+        return runs, kept
