@@ -286,3 +286,17 @@ def test_the_backend_declines_where_it_cannot_run() -> None:
     assert backend.decline_reason(GraphContext(cuda, BF16, 1, net)) is None
     # under DDP the graphed network runs through DDP's wrapper, which all-reduces its gradients
     assert backend.decline_reason(GraphContext(cuda, BF16, 2, net)) is None
+
+
+def test_both_backends_decline_grad_checkpoint_in_one_line() -> None:
+    from falconet.grad_checkpoint import GradCheckpointKeys
+    from falconet_graphs_cuda.backend import WholeStepBackend
+
+    cuda, net = torch.device("cuda", 0), Net()
+    for value in ("backbone", "backbone+neck"):
+        context = GraphContext(cuda, BF16, 1, net, config=GradCheckpointKeys(grad_checkpoint=value))
+        for backend in (CudaGraphBackend(), WholeStepBackend()):
+            reason = backend.decline_reason(context)
+            assert reason.startswith("grad_checkpoint recomputes blocks") and "\n" not in reason
+    off = GraphContext(cuda, BF16, 1, net, config=GradCheckpointKeys())
+    assert CudaGraphBackend().decline_reason(off) is None
