@@ -25,10 +25,14 @@ def _keys_epilog(width: int = EPILOG_WIDTH) -> str:
     from falconet.plugins import get_plugins
     from falconet.training.config import CORE, config_model, describe_keys
 
+    plugins = get_plugins()
+    installed = _installed_names(plugins)
     lines = ["\b", "Keys (KEY=VALUE; default, meaning):"]
     owner = CORE
     indent = " " * 36  # two spaces, the key's 20 and a space, the default's 12 and a space
-    for key, default, meaning, declared_by in describe_keys(config_model(get_plugins())):
+    for key, default, meaning, declared_by in describe_keys(config_model(plugins)):
+        if key in installed:
+            meaning = f"{meaning}; installed: {installed[key]}"
         if declared_by != owner:
             owner = declared_by
             lines += ["\b", f"Keys of {owner}:"]
@@ -44,6 +48,18 @@ def _keys_epilog(width: int = EPILOG_WIDTH) -> str:
             break_on_hyphens=False,
         ) or [head.rstrip()]
     return "\n".join(lines)
+
+
+def _installed_names(plugins: Any) -> dict[str, str]:
+    """For each key that names a registered item (``amp_dtype``, ``graph``, ``assigner``,
+    ``eval_backend``), the names installed plugins registered, so the help lists what this
+    installation accepts (``fp8`` only where its plugin is installed)."""
+    selectors = ("precision_backends", "graph_backends", "assigners", "eval_backends")
+    return {
+        registry.key: ", ".join(sorted(registry.names()))
+        for kind, registry in plugins.registries.items()
+        if kind in selectors and len(registry)
+    }
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

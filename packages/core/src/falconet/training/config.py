@@ -22,7 +22,15 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
 
 from falconet.install_hints import known_provider
 
@@ -53,8 +61,17 @@ class TrainConfig(BaseModel):
         "largest batch whose step fits in that share of the GPU's free memory (-1: 0.8)",
     )
     imgsz: int = Field(640, ge=32, description="square input size in pixels, a multiple of 32")
+    multi_scale: str = Field(
+        "false",
+        description="train each batch at one size of a set fixed at the start, multiples of "
+        "32: true (imgsz ±50%), a fraction (0.25: ±25%), a range of fractions of imgsz "
+        "(0.5-1.5: at most 5 sizes, evenly spread) or sizes (320,480,640); drawn from the "
+        "seed, validation at imgsz; false: off",
+    )
     device: str = Field(
-        "auto", description="auto, cpu, cuda, 0, cuda:0 (auto: the first GPU, else cpu)"
+        "auto",
+        description="auto, cpu, cuda, 0, cuda:0, or a list of GPUs 0,1 (one process per GPU, "
+        "started for you; Detector.train(device=[0, 1])); auto: the first GPU, else cpu",
     )
     workers: int = Field(
         8, ge=0, description="loader worker processes (capped at the cores this process may use)"
@@ -204,6 +221,16 @@ class TrainConfig(BaseModel):
                 f"try {max(32, round(value / 32) * 32)}"
             )
         return value
+
+    @field_validator("multi_scale", mode="before")
+    @classmethod
+    def _size_set(cls, value: Any, info: ValidationInfo) -> str:
+        from falconet.training.multi_scale import canonical, size_set
+
+        spec = canonical(value)
+        if "imgsz" in info.data:  # a bad imgsz is reported on its own
+            size_set(spec, info.data["imgsz"])
+        return spec
 
     @field_validator("batch")
     @classmethod
