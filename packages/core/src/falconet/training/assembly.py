@@ -57,6 +57,7 @@ from falconet.training.loaders import (
     resolve_cache,
     train_samples,
 )
+from falconet.training.multi_scale import largest_size
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
@@ -301,7 +302,9 @@ def probe_step(
         )
         context = graph_context(plan.family, plugins, cfg, parts, world)
         step = choose_graph(cfg.graph, context, model, plugins)[1].build_step(parts, context)
-        images, targets = synthetic_batch(batch, cfg.imgsz, boxes, len(dataset.names), device)
+        # the largest size multi_scale trains at is what must fit (validation is at imgsz)
+        size = largest_size(cfg.multi_scale, cfg.imgsz)
+        images, targets = synthetic_batch(batch, size, boxes, len(dataset.names), device)
         for call in range(PROBE_CALLS):
             step(images, targets, update=True)
             stats = step.stats()

@@ -44,6 +44,7 @@ from falconet.training.checkpoint import (
 )
 from falconet.training.config import ConfigError, format_value
 from falconet.training.log_reads import LaggedReads
+from falconet.training.multi_scale import rescale, size_draw
 from falconet.training.planning import Plan
 from falconet.training.run_dir import new_run_dir
 from falconet.training.run_state import Installed, RunState
@@ -102,6 +103,8 @@ class Trainer:
         # the next epoch's first batch, or what fetching it raised (_fetch_ahead)
         self._ahead: tuple[torch.Tensor, Targets] | Exception | None = None
         self._log_reads = LaggedReads()
+        # multi_scale: each batch's size, from the seed, the epoch and the batch's index
+        self._sizes = size_draw(cfg.multi_scale, cfg.imgsz, cfg.seed)
         self._weights_were_finite = True  # the last epoch's, read with its last log read
         self.state = RunState(
             run_dir=self.run_dir,
@@ -133,6 +136,14 @@ class Trainer:
         pairs = " ".join(f"{k}={format_value(v)}" for k, v in cfg.model_dump().items())
         log.info("keys: %s", textwrap.fill(pairs, 100, subsequent_indent="      "))
         log.info("%s", describe(run, self.run_dir))
+        if self._sizes is not None:
+            log.info(
+                "multi_scale=%s: each batch trains at one of %s px, drawn from the seed "
+                "(one recording per size for a graph backend); validation at %d px",
+                cfg.multi_scale,
+                ", ".join(map(str, self._sizes.sizes)),
+                cfg.imgsz,
+            )
 
     # ----------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -207,7 +218,7 @@ class Trainer:
             ahead, self._ahead = self._ahead, None
             if isinstance(ahead, Exception):
                 raise ahead  # where it was raised before the fetch moved ahead (_fetch_ahead)
-            images, targets = ahead or self._fetch(batches)
+            images, targets = ahead or self._fetch(batches, self.progress.epoch, i)
             update = (i + 1) % run.accumulate == 0 or i + 1 == batches_per_epoch
             loss, parts = step(images, targets, update=update)
             # bookkeeping on the device: sums of finite losses and the non-finite run length
@@ -253,9 +264,12 @@ class Trainer:
         row["img/s"] = round(images_seen / seconds, 1)
         return row
 
-    def _fetch(self, batches: Iterator[dict[str, Any]]) -> tuple[torch.Tensor, Targets]:
-        """The next batch of ``batches``, on the device: its images as floats in [0, 1] and
-        its targets, their copies queued."""
+    def _fetch(
+        self, batches: Iterator[dict[str, Any]], epoch: int, index: int
+    ) -> tuple[torch.Tensor, Targets]:
+        """The next batch of ``batches`` (batch ``index`` of ``epoch``), on the device: its
+        images as floats in [0, 1] and its targets, their copies queued; with ``multi_scale``
+        both resized to the batch's drawn size (:mod:`falconet.training.multi_scale`)."""
         run = self.run
         with run.phases("data"):
             batch = next(batches)
@@ -263,6 +277,8 @@ class Trainer:
             # uint8 to float32 in [0, 1] in one kernel (.float().div_() is two passes)
             images = batch["images"].to(run.device, non_blocking=True).div(255)
             targets = Targets.from_batch(batch).to(run.device, non_blocking=True)
+            if self._sizes is not None:
+                images, targets = rescale(images, targets, self._sizes(epoch, index))
         return images, targets
 
     def _fetch_ahead(self, batches: Iterator[dict[str, Any]]) -> None:
@@ -276,7 +292,7 @@ class Trainer:
         ``_ahead`` and raised when the next epoch asks for the batch: a loader that fails
         there (a worker killed, say) must not cost this epoch its checkpoint."""
         try:
-            self._ahead = self._fetch(batches)
+            self._ahead = self._fetch(batches, self.progress.epoch + 1, 0)
         except Exception as exc:
             self._ahead = exc
 
