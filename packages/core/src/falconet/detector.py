@@ -159,20 +159,15 @@ class Detector:
             )
         loader = build_val_loader(cfg.model_copy(update={"cache": "none"}), dataset, device)
         precision = self._evaluation_precision(cfg, "amp_dtype" in keys, device)
-        accumulator = validation.predict_split(
+        return validation.score_split(
             self.module(device),
             self.family,
             loader,
+            dataset,
             device,
-            validation.category_ids(dataset),
+            cfg,
+            self.plugins,
             autocast=precision.autocast(device),
-            conf=cfg.conf,
-            iou=cfg.iou,
-            max_det=cfg.max_det,
-        )
-        truth = validation.ground_truth(dataset, dataset.splits["val"])
-        return validation.evaluate_split(
-            accumulator, truth, backend=cfg.eval_backend, plugins=self.plugins
         )
 
     # ---------------------------------------------------------------------------- predict

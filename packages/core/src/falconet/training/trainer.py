@@ -398,20 +398,15 @@ class Trainer:
         module = self._weights_module()
         module.eval()
         batches, self._val_batches = self._val_batches, None  # started with the epoch, if due
-        accumulator = validation.predict_split(
+        result = validation.score_split(
             module,
             run.family,
             run.val_loader if batches is None else batches,
+            run.dataset,
             run.device,
-            validation.category_ids(run.dataset),
+            cfg,
+            self.plugins,
             autocast=run.precision.autocast(run.device),
-            conf=cfg.conf,
-            iou=cfg.iou,
-            max_det=cfg.max_det,
-        )
-        truth = validation.ground_truth(run.dataset, run.dataset.splits["val"])
-        result = validation.evaluate_split(
-            accumulator, truth, backend=cfg.eval_backend, plugins=self.plugins
         )
         run.model.train()
         if result is not None:

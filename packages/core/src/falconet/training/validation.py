@@ -132,6 +132,35 @@ def evaluate_split(
     )
 
 
+def score_split(
+    network: Callable[[torch.Tensor], Any],
+    family: ModelFamily,
+    loader: Iterable[dict[str, Any]],
+    dataset: Dataset,
+    device: torch.device,
+    cfg: Any,
+    plugins: Plugins,
+    *,
+    autocast: AbstractContextManager[Any] | None = None,
+) -> EvalResult | None:
+    """``dataset``'s val split predicted by ``network`` (:func:`predict_split`, with ``cfg``'s
+    ``conf``, ``iou`` and ``max_det``) and scored by ``cfg.eval_backend``
+    (:func:`evaluate_split`): what a run's validation and ``Detector.val`` both do."""
+    accumulator = predict_split(
+        network,
+        family,
+        loader,
+        device,
+        category_ids(dataset),
+        autocast=autocast,
+        conf=cfg.conf,
+        iou=cfg.iou,
+        max_det=cfg.max_det,
+    )
+    truth = ground_truth(dataset, dataset.splits["val"])
+    return evaluate_split(accumulator, truth, backend=cfg.eval_backend, plugins=plugins)
+
+
 METRIC_STATS = {
     "map50-95": "AP",
     "map50": "AP50",
