@@ -10,7 +10,8 @@
   counted afresh;
 * the **key** of a recording is the input's shape, strides and dtype; a key is recorded on its
   ``capture_after``-th call and replayed from then on; until then (the partial last batch,
-  multi-scale sizes that come and go) it runs eager;
+  a ``multi_scale`` size before its third batch: one key per size of the run's fixed set) it
+  runs eager;
 * a recording that fails is logged once and its key runs eager for the rest of the run: the
   recorder restores what its warm-up touched, and no weight has changed (see
   docs/performance.md for how the GPU check established that this is safe).
