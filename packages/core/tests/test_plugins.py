@@ -32,9 +32,9 @@ def test_builtins_register_through_the_manager(falconet_plugins):
     assert falconet_plugins.graph_backends.names() == ["compile", "eager"]
     assert falconet_plugins.eval_backends.names() == ["pycocotools"]
     # the core's loggers are registered callbacks like any plugin's, and compile_mode is the
-    # built-in compile backend's own key group
+    # built-in compile backend's own key group (grad_checkpoint the core's, read by families)
     assert falconet_plugins.callbacks.names() == ["csv", "plots", "progress", "tensorboard"]
-    assert falconet_plugins.train_keys.names() == ["compile"]
+    assert falconet_plugins.train_keys.names() == ["compile", "grad-checkpoint"]
     assert list(falconet_plugins.train_keys.get("compile").keys.model_fields) == ["compile_mode"]
     commands = ["data", "eval", "export", "plugins", "predict", "train", "val"]
     assert falconet_plugins.commands.names() == commands

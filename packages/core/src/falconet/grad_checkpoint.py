@@ -12,7 +12,7 @@ that declares none refuses the key when the run is planned (:func:`refuse_unsupp
 The recomputation gives the forward's numbers again: the random generators' states are put back
 for it (``preserve_rng_state``: dropout draws the same masks), and BatchNorm's running
 statistics, which a forward in training mode updates, are put back after it, so each step
-updates them once, as without checkpointing. docs/training.md says what it costs;
+updates them once, as without checkpointing. docs/models.md says where it applies;
 ``tools/bench_grad_checkpoint.py`` measures it on a GPU.
 
 Importing this module imports pydantic only; torch is imported when a block runs.
@@ -59,7 +59,7 @@ class GradCheckpointKeys(BaseModel):
         description="recompute activations in the backward instead of keeping them (less "
         "memory, more compute, the same numbers): off (false), backbone (its stages), "
         "backbone+neck (true: also YOLO's PAN, DETR's hybrid encoder); graph=cuda-graph and "
-        "whole-step decline it (docs/training.md)",
+        "whole-step decline it (docs/models.md)",
     )
 
 
