@@ -54,7 +54,7 @@ def test_plugins_list_table_shows_hooks_and_names(falconet_plugins):
             "workers",
         ],
         ["register_precision_backends", "bf16,", "fp16,", "fp32"],
-        ["register_train_keys", "compile"],
+        ["register_train_keys", "compile,", "grad-checkpoint"],
     ]
     assert lines[-1] == f"falconet {__version__}: 1 plugins, 0 broken"
 
