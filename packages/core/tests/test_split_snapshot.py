@@ -77,3 +77,21 @@ def test_a_yaml_combining_folders_checked_before_decodes_none_of_their_images(
     monkeypatch.setattr(check, "inspect_image", lambda path: checked.append(path))
     again = load_dataset(other, splits=("train",))
     assert checked == [] and len(again.splits["train"].samples) == 5
+
+
+def test_a_snapshot_s_samples_load_without_a_warning(tmp_path):
+    """The validation loader passes a sample's boxes and labels through untouched: from a
+    snapshot those are read-only views, which the loader copies instead of handing torch
+    memory it cannot write (torch warned once a run)."""
+    import warnings
+
+    from falconet.data.loader import DetectionDataset
+
+    data = write_shapes(tmp_path / "shapes", {"train": 4, "val": 2}, size=64)
+    load_dataset(data)
+    split = load_dataset(data).splits["val"]  # the snapshot's
+    assert not split.samples[0].labels.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        item = DetectionDataset(split.samples, 64)[0]
+    assert item["labels"].tolist() == split.samples[0].labels.tolist()

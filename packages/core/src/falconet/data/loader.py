@@ -224,9 +224,12 @@ class DetectionDataset(torch.utils.data.Dataset):
     ) -> dict[str, Any]:
         """A sample's entry for :func:`collate_targets`: its boxes and what maps them back."""
         sample = self.samples[index]
+        # a sample no augmentation touched keeps the label snapshot's read-only arrays: copy
+        # those (torch warns of, and must not share, memory it cannot write)
+        boxes = np.require(np.asarray(boxes, np.float32).reshape(-1, 4), requirements="CW")
         return {
-            "boxes": torch.from_numpy(np.asarray(boxes, np.float32).reshape(-1, 4)),
-            "labels": torch.from_numpy(np.asarray(labels, np.int64)),
+            "boxes": torch.from_numpy(boxes),
+            "labels": torch.from_numpy(np.require(labels, np.int64, requirements="CW")),
             "image_id": sample.image_id,
             "orig_size": (sample.height, sample.width),
             "ratio": self.imgsz / max(sample.width, sample.height),
