@@ -24,9 +24,9 @@ import time
 import numpy as np
 import torch
 
+from falconet.evaluation import EvalBackendUnavailable
 from falconet.evaluation.accumulator import DetectionAccumulator
 from falconet.evaluation.contract import Detections, GroundTruth
-from falconet.evaluation.evaluate import EvalBackendUnavailable
 from falconet.plugins import get_plugins
 
 

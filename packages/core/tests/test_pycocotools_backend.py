@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from pycocotools.cocoeval import COCOeval
 
-from falconet.evaluation import Detections, EvalInputError, evaluate
+from falconet.evaluation import Detections, EvalInputError
+from falconet.evaluation.evaluate import evaluate
 from falconet.evaluation.pycocotools_backend import PycocotoolsBackend, coco_from_ground_truth
 from falconet_testing.contracts import EvalBackendContract
 from falconet_testing.eval_cases import (
@@ -98,7 +99,7 @@ class FakeEval:
         self.name, self.priority, self.available = name, priority, available
 
     def version(self):
-        from falconet.evaluation.evaluate import EvalBackendUnavailable
+        from falconet.evaluation import EvalBackendUnavailable
 
         if not self.available:
             raise EvalBackendUnavailable(f"eval_backend={self.name} needs a missing library")

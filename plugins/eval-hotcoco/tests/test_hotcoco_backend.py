@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from falconet.evaluation import Detections
-from falconet.evaluation.evaluate import EvalBackendUnavailable, default_backend_name
+from falconet.evaluation import Detections, EvalBackendUnavailable
+from falconet.evaluation.evaluate import default_backend_name
 from falconet_eval_hotcoco.backend import HotcocoBackend
 from falconet_testing.contracts import EvalBackendContract, PluginContract
 from falconet_testing.eval_cases import coco128_ground_truth

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from falconet.evaluation import Detections
-from falconet.evaluation.evaluate import EvalBackendUnavailable
+from falconet.evaluation import Detections, EvalBackendUnavailable
 from falconet_eval_vernier.backend import VernierBackend
 from falconet_testing.contracts import EvalBackendContract, PluginContract
 from falconet_testing.eval_cases import coco128_ground_truth

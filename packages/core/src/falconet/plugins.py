@@ -1,15 +1,20 @@
 """The plugin manager: finds plugins, loads them one at a time, and fills the registries.
 
-One :class:`pluggy.PluginManager` named ``falconet`` holds the core's built-in plugin and every
-entry point of group ``falconet``. Loading is isolated per plugin: a plugin that fails to
-import, fails validation (an unknown hook, a bad signature) or raises inside a ``register_*``
-hook is recorded with its error and everything it registered is rolled back; the rest keep
-working. ``FALCONET_STRICT_PLUGINS=1`` turns such a failure into :class:`PluginLoadError`;
-``FALCONET_DISABLE_PLUGINS=a,b`` skips plugins by entry-point or distribution name.
+One :class:`pluggy.PluginManager` named ``falconet`` holds the core's built-in plugins and every
+entry point of group ``falconet``. The built-ins are named in :data:`DEFAULT_PLUGINS` and imported
+when the manager loads them, as entry points are, so importing this module imports none of them
+(they import the CLI, the trainer and the evaluation, which import this module).
+
+Loading is isolated per plugin: a plugin that fails to import, fails validation (an unknown
+hook, a bad signature) or raises inside a ``register_*`` hook is recorded with its error and
+everything it registered is rolled back; the rest keep working. ``FALCONET_STRICT_PLUGINS=1``
+turns such a failure into :class:`PluginLoadError`; ``FALCONET_DISABLE_PLUGINS=a,b`` skips
+plugins by entry-point or distribution name.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as metadata
 import inspect
 import os
@@ -28,6 +33,9 @@ from falconet.levers import Lever
 from falconet.registry import Entry, Provenance, Registry
 
 BUILTIN_PLUGIN = "falconet.builtin"
+DEFAULT_PLUGINS = (BUILTIN_PLUGIN,)
+"""The core's own plugins, by module name (as pytest's ``default_plugins``): each is imported
+by :meth:`Plugins.load_builtins`, and registered under its module name."""
 CORE_DISTRIBUTION = "falconet-core"
 STRICT_ENV = "FALCONET_STRICT_PLUGINS"
 DISABLE_ENV = "FALCONET_DISABLE_PLUGINS"
@@ -190,17 +198,22 @@ class Plugins:
 
     # -- loading ------------------------------------------------------------------------------
     def load_builtins(self) -> Plugins:
-        """Register the core's own plugin (precision, graph backends, loggers, commands).
-        Idempotent."""
-        if not any(r.name == BUILTIN_PLUGIN for r in self.records):
-            from falconet import builtin
-
+        """Import and register the core's own plugins (:data:`DEFAULT_PLUGINS`: precision,
+        graph backends, loggers, commands). Idempotent."""
+        loaded = {r.name for r in self.records}
+        for name in DEFAULT_PLUGINS:
+            if name in loaded:
+                continue
             record = self.add_plugin(
-                builtin, BUILTIN_PLUGIN, CORE_DISTRIBUTION, __version__, entry_point="(built in)"
+                importlib.import_module(name),
+                name,
+                CORE_DISTRIBUTION,
+                __version__,
+                entry_point="(built in)",
             )
             if record.failure:  # a bug in falconet itself: never hide it
                 raise PluginLoadError(
-                    f"falconet's built-in plugin failed: "
+                    f"falconet's built-in plugin {name} failed: "
                     f"{record.failure.summary}\n{record.failure.traceback}"
                 )
         return self

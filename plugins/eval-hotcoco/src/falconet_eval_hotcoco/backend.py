@@ -21,9 +21,9 @@ from falconet.evaluation.contract import (
     Detections,
     EvalResult,
     GroundTruth,
+    require_library,
     result_from_cocoeval,
 )
-from falconet.evaluation.evaluate import require_library
 
 log = logging.getLogger(__name__)
 

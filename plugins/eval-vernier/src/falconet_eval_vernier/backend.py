@@ -20,9 +20,9 @@ from falconet.evaluation.contract import (
     Detections,
     EvalResult,
     GroundTruth,
+    require_library,
     result_from_cocoeval,
 )
-from falconet.evaluation.evaluate import require_library
 
 MAX_DETS = [1, 10, 100]
 

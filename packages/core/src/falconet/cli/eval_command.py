@@ -49,9 +49,9 @@ def eval_command(
 
     Exit status 2 when a file cannot be read or does not match the other.
     """
-    from falconet.evaluation import EvalInputError, evaluate
+    from falconet.evaluation import EvalBackendUnavailable, EvalInputError
     from falconet.evaluation.coco_json import load_ground_truth, load_results
-    from falconet.evaluation.evaluate import EvalBackendUnavailable
+    from falconet.evaluation.evaluate import evaluate
     from falconet.registry import UnknownNameError
 
     try:

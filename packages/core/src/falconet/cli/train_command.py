@@ -64,7 +64,7 @@ def _installed_names(plugins: Any) -> dict[str, str]:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from falconet.data.records import DataError
-    from falconet.evaluation.evaluate import EvalBackendUnavailable
+    from falconet.evaluation import EvalBackendUnavailable
     from falconet.registry import RegistryError
     from falconet.training.checkpoint import CheckpointError
     from falconet.training.config import ConfigError

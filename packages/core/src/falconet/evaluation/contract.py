@@ -8,13 +8,16 @@ Conventions are COCO's, so results match pycocotools bit for bit:
 * image ids are the ground truth's ids, ``int64``.
 
 Arrays are flat, one row per box, with an ``image_ids`` column rather than one list per image:
-every backend library takes that layout directly, with no JSON round trip.
+every backend library takes that layout directly, with no JSON round trip. A backend imports
+its library through :func:`require_library`, which raises :class:`EvalBackendUnavailable`
+with the install command where the library is missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,21 @@ STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", 
 
 class EvalInputError(ValueError):
     """Ground truth or detections that cannot be evaluated; the message says what to fix."""
+
+
+class EvalBackendUnavailable(RuntimeError):
+    """A registered backend whose library is not installed."""
+
+
+def require_library(module: str, backend: str, install: str):  # -> module
+    """Import ``module`` for ``backend``, or fail with the command that installs it."""
+    try:
+        return import_module(module)
+    except ImportError as exc:
+        raise EvalBackendUnavailable(
+            f"eval_backend={backend} needs the {module} library, which is not importable "
+            f"({exc}); install it with: pip install {install}"
+        ) from exc
 
 
 def _column(values: Any, dtype: type, shape: tuple[int, ...], what: str) -> np.ndarray:

@@ -1,26 +1,19 @@
-"""Evaluate detections with a registered backend, after validating them once for all backends."""
+"""Evaluate detections with a registered backend, after validating them once for all backends.
+
+This is the dispatch over the plugin registry, above :mod:`falconet.plugins`; the package's
+face (:mod:`falconet.evaluation`) holds the backends' contract only, so a backend importing it
+imports no plugin manager.
+"""
 
 from __future__ import annotations
 
-from importlib import import_module
-
-from falconet.evaluation.contract import Detections, EvalResult, GroundTruth
+from falconet.evaluation.contract import (
+    Detections,
+    EvalBackendUnavailable,
+    EvalResult,
+    GroundTruth,
+)
 from falconet.plugins import Plugins, get_plugins
-
-
-class EvalBackendUnavailable(RuntimeError):
-    """A registered backend whose library is not installed."""
-
-
-def require_library(module: str, backend: str, install: str):  # -> module
-    """Import ``module`` for ``backend``, or fail with the command that installs it."""
-    try:
-        return import_module(module)
-    except ImportError as exc:
-        raise EvalBackendUnavailable(
-            f"eval_backend={backend} needs the {module} library, which is not importable "
-            f"({exc}); install it with: pip install {install}"
-        ) from exc
 
 
 def default_backend_name(plugins: Plugins | None = None) -> str:
