@@ -1,6 +1,7 @@
 """The reference backend: pycocotools itself, fed the same arrays every backend gets.
 
-Its numbers define correctness; every other backend must reproduce them exactly. It also
+Every other backend must reproduce its numbers exactly; it is itself checked against answers
+derived by hand (``falconet_testing.known_answers``). It also
 covers what pycocotools crashes on when driven directly: with no detections at all,
 ``COCO.loadRes`` raises IndexError, so an empty result set is built without it and evaluated
 normally (every stat with ground truth is then 0).

@@ -1,14 +1,22 @@
-"""What every eval backend must do: return exactly the reference's numbers.
+"""What every eval backend must do: give the protocol's answers, and pycocotools' bit for bit.
 
-The reference is pycocotools (falconet's built-in ``pycocotools`` backend). A backend must match
-its 12 stats and per-class AP and AP50 bit for bit on every case of
-:data:`falconet_testing.eval_cases.PARITY_CASES`. A backend that genuinely differs sets
-``tolerance`` to the bound it documents, with the reason.
+Two checks, of different kinds:
+
+* **known answers**: on the small hand-built cases of
+  :data:`falconet_testing.known_answers.KNOWN_ANSWERS`, the 12 stats and per-class AP and AP50
+  equal numbers derived by hand from the COCO protocol (to 1e-12: float sums of rationals).
+  No backend produced them, so this checks pycocotools too;
+* **parity**: on the realistic cases of :data:`falconet_testing.eval_cases.PARITY_CASES`
+  (COCO128's ground truth, generated detections), the same values equal pycocotools' bit for
+  bit. The reference itself skips this one: it would compare pycocotools with itself.
+
+A backend that genuinely differs sets ``tolerance`` to the bound it documents, with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -18,6 +26,10 @@ from falconet.evaluation.contract import STAT_KEYS, EvalResult
 from falconet.evaluation.pycocotools_backend import PycocotoolsBackend
 from falconet.interfaces import EvalBackend
 from falconet_testing.eval_cases import PARITY_CASES
+from falconet_testing.known_answers import KNOWN_ANSWERS
+
+KNOWN_ANSWER_ROUNDING = 1e-12
+"""How far a float mean of the 101 points may land from the exact rational (e.g. 1 - 2e-16)."""
 
 
 @functools.cache
@@ -27,16 +39,29 @@ def reference_result(case: str) -> EvalResult:
     return PycocotoolsBackend().evaluate(ground_truth, detections)
 
 
-def assert_same_result(got: EvalResult, want: EvalResult, tolerance: float = 0.0) -> None:
+def assert_same_result(
+    got: EvalResult, want: EvalResult, tolerance: float = 0.0, source: str = "pycocotools"
+) -> None:
     """Stats, per-class AP and AP50 equal (within ``tolerance``), with the differences named."""
+    assert_same_values(got, want.stats, want.per_class_ap, want.per_class_ap50, tolerance, source)
+
+
+def assert_same_values(
+    got: EvalResult,
+    stats: Mapping[str, float],
+    per_class_ap: Mapping[str, float],
+    per_class_ap50: Mapping[str, float],
+    tolerance: float,
+    source: str,
+) -> None:
     for what, g, w in (
-        ("stats", got.stats, want.stats),
-        ("per-class AP", got.per_class_ap, want.per_class_ap),
-        ("per-class AP50", got.per_class_ap50, want.per_class_ap50),
+        ("stats", got.stats, stats),
+        ("per-class AP", got.per_class_ap, per_class_ap),
+        ("per-class AP50", got.per_class_ap50, per_class_ap50),
     ):
         assert list(g) == list(w), f"{what}: keys differ"
         diff = {k: (g[k], w[k]) for k in w if abs(g[k] - w[k]) > tolerance}
-        assert not diff, f"{what} differ from pycocotools (got, want): {diff}"
+        assert not diff, f"{what} differ from {source} (got, want): {diff}"
 
 
 class EvalBackendContract:
@@ -53,12 +78,29 @@ class EvalBackendContract:
         )
         assert isinstance(self.backend.version(), str) and self.backend.version()
 
+    @pytest.mark.parametrize("case", list(KNOWN_ANSWERS))
+    def test_matches_known_answers(self, case: str) -> None:
+        known = KNOWN_ANSWERS[case]()
+        got = self.backend.evaluate(known.ground_truth, known.detections)
+        assert got.backend == self.backend.name
+        assert got.backend_version == self.backend.version()
+        assert tuple(got.stats) == STAT_KEYS
+        assert_same_values(
+            got,
+            known.stats,
+            known.per_class_ap,
+            known.per_class_ap50,
+            max(self.tolerance, KNOWN_ANSWER_ROUNDING),
+            f"the hand-derived answers of {case}",
+        )
+
     @pytest.mark.parametrize("case", list(PARITY_CASES))
     def test_matches_pycocotools(self, case: str) -> None:
+        if isinstance(self.backend, PycocotoolsBackend):
+            pytest.skip("the reference itself: test_matches_known_answers checks it")
         ground_truth, detections = PARITY_CASES[case]()
         got = self.backend.evaluate(ground_truth, detections)
         assert got.backend == self.backend.name
-        assert got.backend_version == self.backend.version()
         assert tuple(got.stats) == STAT_KEYS
         assert_same_result(got, reference_result(case), self.tolerance)
 
