@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from falconet.contract import GraphContext
 from falconet.data.targets import Targets
-from falconet.interfaces import GraphContext
 from falconet.training.assembly import Run, assemble
 from falconet.training.planning import plan_run
 from falconet_graphs_cuda.keys import GraphsCudaKeys

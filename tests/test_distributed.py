@@ -177,7 +177,8 @@ from falconet.training.config import TrainConfig
 from falconet.training.distributed import replicate, start, world_from_env
 from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
-from falconet.training.step import EagerStep, Progress, StepParts
+from falconet.contract import Progress, StepParts
+from falconet.graph_backends.eager_step import EagerStep
 
 
 class FP32:
@@ -303,7 +304,8 @@ from falconet.training.config import TrainConfig
 from falconet.training.distributed import replicate, start, world_from_env
 from falconet.training.optimization import build_optimizer, Schedule
 from falconet.training.phases import Phases
-from falconet.training.step import EagerStep, Progress, StepParts
+from falconet.contract import Progress, StepParts
+from falconet.graph_backends.eager_step import EagerStep
 from falconet_graphs_cuda.graphed import GraphedNetwork
 from falconet_graphs_cuda.recording import BufferRecorder
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from falconet.data.targets import Targets
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 from falconet.plugins import get_plugins
 from falconet.training.assembly import assemble
 from falconet.training.distributed import stop

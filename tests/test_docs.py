@@ -10,10 +10,9 @@ from pathlib import Path
 import torch
 
 from falconet import hookspecs
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext, Progress, StepParts
 from falconet.precision import FP32
 from falconet.training.phases import Phases
-from falconet.training.step import Progress, StepParts
 
 ROOT = Path(__file__).parents[1]
 

@@ -16,11 +16,11 @@ import torch
 import yaml
 
 from falconet import Detector
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
+from falconet.graph_backends.eager_step import EagerStep
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.multi_scale import size_draw
 from falconet.training.planning import plan_run
-from falconet.training.step import EagerStep
 from falconet.training.trainer import Trainer
 
 SIZES = (32, 64, 96)  # 0.5-1.5 of 64 px

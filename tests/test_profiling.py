@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from falconet import Detector
+from falconet.contract import CaptureStats
+from falconet.graph_backends.eager_step import EagerStep
 from falconet.plugins import Plugins
 from falconet.training.checkpoint import load_checkpoint
 from falconet.training.config import ConfigError
 from falconet.training.planning import callback_names, plan_run
-from falconet.training.step import CaptureStats, EagerStep
 from falconet.training.trainer import Trainer
 from falconet_profiler.callback import Profiler
 from falconet_profiler.report import format_report

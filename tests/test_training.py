@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from falconet import Detector
+from falconet.contract import NO_CAPTURES
 from falconet.data.targets import Targets
 from falconet.training.callbacks import EVENTS, CallbackList
 from falconet.training.checkpoint import CheckpointError, load_checkpoint
@@ -28,7 +29,6 @@ from falconet.training.planning import (
     plan_run,
 )
 from falconet.training.run_state import RunState
-from falconet.training.step import NO_CAPTURES
 from falconet.training.trainer import Trainer, TrainingDiverged, write_release_batch
 
 

@@ -20,13 +20,13 @@ import time
 import pytest
 import torch
 
+from falconet.contract import GraphContext, Progress, StepParts
 from falconet.data.targets import Targets, fits
-from falconet.interfaces import GraphContext
+from falconet.graph_backends.eager_step import EagerStep
 from falconet.loss_scaler import LossScaler
 from falconet.training.assembly import Run, assemble
 from falconet.training.phases import Phases
 from falconet.training.planning import plan_run
-from falconet.training.step import EagerStep, Progress, StepParts
 from falconet_graphs_cuda.backend import WholeStepBackend
 from falconet_graphs_cuda.keys import GraphsCudaKeys
 from falconet_graphs_cuda.recording import EagerStepRecorder

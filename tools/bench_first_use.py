@@ -129,7 +129,7 @@ def child(args) -> dict:
     keys = dict(data=args.data, model=args.model, batch=args.batch, imgsz=args.imgsz,
                 amp_dtype="fp16", val=False, plots=False)  # fmt: skip
     plan = plan_run(keys, plugins)
-    from falconet.interfaces import PrecisionContext
+    from falconet.contract import PrecisionContext
 
     context = PrecisionContext(device, plan.config.model_dump(), args.batch, args.imgsz, 1)
     precision = choose_precision("fp16", context, plugins)

@@ -79,7 +79,7 @@ FORCED_SCALE = 2.0**40  # the forced overflow's scale: any fp16 gradient of the 
 # ------------------------------------------------------------------------------------------
 class Arm:
     """One trainer of a paired run: its run's parts (``trainer.run``) and its step
-    (``run.step``, a :class:`~falconet.training.step.TrainStep`)."""
+    (``run.step``, a :class:`~falconet.contract.TrainStep`)."""
 
     def __init__(self, keys: dict, ddp: bool = False) -> None:
         from falconet.plugins import get_plugins

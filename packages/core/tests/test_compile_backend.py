@@ -11,19 +11,19 @@ import pytest
 import torch
 from torch import nn
 
+from falconet.contract import CaptureStats, GraphContext, Progress, StepParts
 from falconet.graph_backends.compile import (
     CompileBackend,
     CompiledNetwork,
     CompileKeys,
     own_grads,
 )
-from falconet.interfaces import GraphContext
+from falconet.graph_backends.eager_step import EagerStep
 from falconet.plugins import Plugins
 from falconet.precision import BF16, FP32
 from falconet.training.config import ConfigError, TrainConfig, build_config, config_model
 from falconet.training.optimization import Schedule
 from falconet.training.phases import Phases
-from falconet.training.step import CaptureStats, EagerStep, Progress, StepParts
 
 
 def _context(device="cpu", region=True, precision=FP32, **keys) -> GraphContext:

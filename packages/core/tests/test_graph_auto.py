@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+from falconet.contract import GraphBackend, GraphContext
 from falconet.graph_backends.eager import EagerBackend
-from falconet.interfaces import GraphBackend, GraphContext
 from falconet.plugins import Plugins, get_plugins
 from falconet.precision import FP32
 from falconet.registry import Provenance

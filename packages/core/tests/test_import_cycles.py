@@ -2,8 +2,8 @@
 
 Two graphs are held to none: the imports that run when a module is imported (``module``), and
 every import that can run, those inside functions too (``runtime``). Only imports under
-``if TYPE_CHECKING:`` may point back up: the plugin contract names the runtime's types that
-way, for type checkers alone.
+``if TYPE_CHECKING:`` may point back up: the contract (:mod:`falconet.contract`) names the
+runtime's types that way, for type checkers alone.
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ class FakeEval:
 def test_auto_takes_the_importable_backend_of_highest_priority(falconet_plugins):
     from types import SimpleNamespace
 
+    from falconet.contract import EvalBackend
     from falconet.evaluation.evaluate import default_backend_name
-    from falconet.interfaces import EvalBackend
 
     assert PycocotoolsBackend.priority == 0
     assert default_backend_name(falconet_plugins) == "pycocotools"  # the built-ins alone

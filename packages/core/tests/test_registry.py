@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from falconet.interfaces import GraphBackend, ModelFamily
+from falconet.contract import GraphBackend, ModelFamily
 from falconet.registry import (
     DuplicateNameError,
     InvalidItemError,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch_linear_assignment import batch_linear_assignment
 
-from falconet.interfaces import Predictions
+from falconet.contract import Predictions
 from falconet_detect.assigners import HUNGARIAN, SIMOTA, TAL
 from falconet_detect.assigners.gpu_solver import gpu_solver, match_on_device
 from falconet_detect.assigners.hungarian import HungarianAssigner, match_on_host

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from falconet.contract import Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Predictions
 from falconet_detect.assigners.common import assignment, one_hot
 from falconet_detect.assigners.tal import EPS, TaskAlignedAssigner, centres_inside
 from falconet_detect.boxes import pairwise_iou

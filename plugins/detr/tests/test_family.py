@@ -81,7 +81,7 @@ def test_the_matcher_finds_the_known_optimal_assignment():
     """Three boxes, four queries; query 3 sits on box 0, query 0 on box 2, query 1 on box 1,
     and every query's class scores favour its own box's class: the cheapest one-to-one
     assignment is {3: 0, 1: 1, 0: 2}, query 2 left as background."""
-    from falconet.interfaces import Predictions
+    from falconet.contract import Predictions
 
     gt = torch.tensor(
         [[[10.0, 10.0, 20.0, 20.0], [40.0, 40.0, 60.0, 60.0], [0.0, 30.0, 15.0, 50.0]]]

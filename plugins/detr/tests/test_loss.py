@@ -102,7 +102,7 @@ def test_every_depth_is_scored_against_its_own_matching():
     """The loss's one stacked assigner call gives each decoder layer and the proposals the
     matching the assigner gives that depth alone: the loss equals one built from a call per
     depth. And the depths' matchings differ here, so one matching for all would not."""
-    from falconet.interfaces import Predictions
+    from falconet.contract import Predictions
     from falconet_detect.assigners import HUNGARIAN
     from falconet_detr.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh
     from falconet_detr.loss import DENOISING_GROUPS, denoising_queries

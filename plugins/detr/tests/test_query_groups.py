@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from falconet.contract import Predictions
 from falconet.data.targets import Targets, box_rows
-from falconet.interfaces import Predictions
 from falconet_detect.assigners import HUNGARIAN
 from falconet_detr.attention import Attention
 from falconet_detr.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 from falconet.precision import BF16, FP32
 from falconet_graphs_cuda.backend import CudaGraphBackend
 from falconet_graphs_cuda.graphed import GraphedNetwork, grad_buffer

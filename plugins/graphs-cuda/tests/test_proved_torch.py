@@ -4,7 +4,7 @@ exact on; elsewhere the backend declines, saying how to force it."""
 import pytest
 import torch
 
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 from falconet.precision import BF16, FP16, FP32
 from falconet_graphs_cuda.backend import CudaGraphBackend, WholeStepBackend
 from falconet_graphs_cuda.keys import GraphsCudaKeys

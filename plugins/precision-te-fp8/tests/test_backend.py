@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from falconet.interfaces import PrecisionContext
+from falconet.contract import PrecisionContext
 from falconet.plugins import get_plugins
 from falconet.precision import BF16
 from falconet.training.config import ConfigError, config_model

@@ -111,7 +111,7 @@ class Detector:
         """The precision ``val`` runs in: the one trained with, configured for evaluation;
         ``auto`` when that one is not installed or cannot run here and ``amp_dtype`` was not
         asked for (an fp8-trained model evaluates without Transformer Engine)."""
-        from falconet.interfaces import PrecisionContext
+        from falconet.contract import PrecisionContext
         from falconet.training.backends import choose_precision
 
         name = cfg.amp_dtype

@@ -5,7 +5,7 @@ inputs in the forward and run again in the backward (``torch.utils.checkpoint``,
 to remake the activations their gradients need. ``off`` (``false``, the default); ``backbone``:
 the backbone's stages; ``backbone+neck`` (``true``): those and the neck's blocks (YOLO's PAN,
 DETR's hybrid encoder). A family applies it to its own network: it declares the regions it can
-checkpoint (:class:`falconet.interfaces.CheckpointingFamily`), reads the key when it is
+checkpoint (:class:`falconet.contract.CheckpointingFamily`), reads the key when it is
 configured for a run and runs each block of those regions through :func:`checkpoint`; a family
 that declares none refuses the key when the run is planned (:func:`refuse_unsupported`).
 
@@ -71,7 +71,7 @@ GRAD_CHECKPOINT_KEYS = KeyGroup(
 def regions(options: Mapping[str, Any]) -> frozenset[str]:
     """The regions a run's keys ask to checkpoint: ``{"backbone"}``, ``{"backbone", "neck"}``
     or none."""
-    from falconet.interfaces import validated_keys
+    from falconet.contract import validated_keys
 
     value = validated_keys(options, GradCheckpointKeys).grad_checkpoint
     return frozenset() if value == "off" else frozenset(value.split("+"))

@@ -27,7 +27,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def register_families(register: Register) -> None:
-    """Register model families (:class:`falconet.interfaces.ModelFamily`).
+    """Register model families (:class:`falconet.contract.ModelFamily`).
 
     :param register: call ``register(family)`` once per family; the family's name and each of its
         model names (``yolo``, ``yolo-n``, ...) become selectable with ``model=...``.
@@ -38,7 +38,7 @@ def register_families(register: Register) -> None:
 
 @hookspec
 def register_assigners(register: Register) -> None:
-    """Register label assigners (:class:`falconet.interfaces.Assigner`).
+    """Register label assigners (:class:`falconet.contract.Assigner`).
 
     :param register: call ``register(assigner)`` once per assigner; its ``name`` becomes
         selectable with ``assigner=...``.
@@ -49,7 +49,7 @@ def register_assigners(register: Register) -> None:
 
 @hookspec
 def register_eval_backends(register: Register) -> None:
-    """Register COCO evaluation backends (:class:`falconet.interfaces.EvalBackend`).
+    """Register COCO evaluation backends (:class:`falconet.contract.EvalBackend`).
 
     :param register: call ``register(backend)`` once per backend; its ``name`` becomes
         selectable with ``eval_backend=...``.
@@ -60,7 +60,7 @@ def register_eval_backends(register: Register) -> None:
 
 @hookspec
 def register_precision_backends(register: Register) -> None:
-    """Register numeric precision backends (:class:`falconet.interfaces.PrecisionBackend`).
+    """Register numeric precision backends (:class:`falconet.contract.PrecisionBackend`).
 
     :param register: call ``register(backend)`` once per backend; its ``name`` becomes
         selectable with ``amp_dtype=...``.
@@ -71,7 +71,7 @@ def register_precision_backends(register: Register) -> None:
 
 @hookspec
 def register_graph_backends(register: Register) -> None:
-    """Register graph backends (:class:`falconet.interfaces.GraphBackend`): how a step runs.
+    """Register graph backends (:class:`falconet.contract.GraphBackend`): how a step runs.
 
     :param register: call ``register(backend)`` once per backend; its ``name`` becomes
         selectable with ``graph=...``, and its ``priority`` ranks it for ``graph=auto``.
@@ -95,7 +95,7 @@ def register_commands(register: Register) -> None:
 
 @hookspec
 def register_callbacks(register: Register) -> None:
-    """Register training callbacks (:class:`falconet.interfaces.CallbackFactory`).
+    """Register training callbacks (:class:`falconet.contract.CallbackFactory`).
 
     :param register: call ``register(factory)`` once per callback; ``factory.name`` identifies
         it in ``callbacks=...`` and in the run's log.

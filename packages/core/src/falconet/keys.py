@@ -5,7 +5,7 @@ typed, defaulted and described, and registers it as a :class:`KeyGroup`; the cor
 group's fields to the run's configuration (:func:`falconet.training.config.config_model`), so
 ``falconet train --help``, ``args.yaml``, unknown-key errors and the printed key list include
 them, and the core never names them. The plugin reads its keys back, typed, from the options a
-backend is given (:meth:`falconet.interfaces.GraphContext.keys`).
+backend is given (:meth:`falconet.contract.GraphContext.keys`).
 
 Importing this module imports pydantic only, so registering a group costs nothing.
 """

@@ -80,7 +80,7 @@ class LeverContext:
     def keys(self, model: type[KeysT]) -> KeysT:
         """The run's values of the keys ``model`` declares (a plugin's
         :class:`falconet.keys.KeyGroup` model), validated; defaults where the run has none."""
-        from falconet.interfaces import validated_keys
+        from falconet.contract import validated_keys
 
         return validated_keys(self.options, model)
 

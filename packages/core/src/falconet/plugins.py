@@ -26,7 +26,7 @@ from typing import Any, Literal
 import click
 import pluggy
 
-from falconet import __version__, hookspecs, interfaces
+from falconet import __version__, contract, hookspecs
 from falconet.install_hints import known_provider
 from falconet.keys import KeyGroup
 from falconet.levers import Lever
@@ -88,17 +88,17 @@ def _registries() -> dict[str, Registry[Any]]:
                 "families",
                 "model family",
                 "model",
-                interfaces.ModelFamily,
+                contract.ModelFamily,
                 aliases=lambda family: family.models,
             ),
-            Registry("assigners", "label assigner", "assigner", interfaces.Assigner),
-            Registry("eval_backends", "eval backend", "eval_backend", interfaces.EvalBackend),
+            Registry("assigners", "label assigner", "assigner", contract.Assigner),
+            Registry("eval_backends", "eval backend", "eval_backend", contract.EvalBackend),
             Registry(
-                "precision_backends", "precision backend", "amp_dtype", interfaces.PrecisionBackend
+                "precision_backends", "precision backend", "amp_dtype", contract.PrecisionBackend
             ),
-            Registry("graph_backends", "graph backend", "graph", interfaces.GraphBackend),
+            Registry("graph_backends", "graph backend", "graph", contract.GraphBackend),
             Registry("commands", "command", "command", click.Command),
-            Registry("callbacks", "callback", "callbacks", interfaces.CallbackFactory),
+            Registry("callbacks", "callback", "callbacks", contract.CallbackFactory),
             Registry("train_keys", "training-key group", "key group", KeyGroup),
             Registry("levers", "lever", "lever", Lever),
         )
@@ -150,23 +150,23 @@ class Plugins:
 
     # -- typed access -------------------------------------------------------------------------
     @property
-    def families(self) -> Registry[interfaces.ModelFamily]:
+    def families(self) -> Registry[contract.ModelFamily]:
         return self.registries["families"]
 
     @property
-    def assigners(self) -> Registry[interfaces.Assigner]:
+    def assigners(self) -> Registry[contract.Assigner]:
         return self.registries["assigners"]
 
     @property
-    def eval_backends(self) -> Registry[interfaces.EvalBackend]:
+    def eval_backends(self) -> Registry[contract.EvalBackend]:
         return self.registries["eval_backends"]
 
     @property
-    def precision_backends(self) -> Registry[interfaces.PrecisionBackend]:
+    def precision_backends(self) -> Registry[contract.PrecisionBackend]:
         return self.registries["precision_backends"]
 
     @property
-    def graph_backends(self) -> Registry[interfaces.GraphBackend]:
+    def graph_backends(self) -> Registry[contract.GraphBackend]:
         return self.registries["graph_backends"]
 
     @property
@@ -174,7 +174,7 @@ class Plugins:
         return self.registries["commands"]
 
     @property
-    def callbacks(self) -> Registry[interfaces.CallbackFactory]:
+    def callbacks(self) -> Registry[contract.CallbackFactory]:
         return self.registries["callbacks"]
 
     @property

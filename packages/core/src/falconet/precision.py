@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from falconet.interfaces import PrecisionBackend, PrecisionContext
+    from falconet.contract import PrecisionBackend, PrecisionContext
     from falconet.loss_scaler import LossScaler
 
 

@@ -15,9 +15,9 @@ import cv2
 import numpy as np
 import torch
 
+from falconet.contract import ModelFamily
 from falconet.data.images import IMAGE_SUFFIXES
 from falconet.data.transforms import letterbox, read_image
-from falconet.interfaces import ModelFamily
 
 
 def image_sources(source: str | Path | Sequence[str | Path]) -> list[Path]:

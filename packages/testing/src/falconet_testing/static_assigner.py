@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from falconet.interfaces import Assignment
+from falconet.contract import Assignment
 from falconet.registry import Register
 
 if TYPE_CHECKING:
     import torch
 
+    from falconet.contract import Predictions
     from falconet.data.targets import Targets
-    from falconet.interfaces import Predictions
 
 
 class CentreAssigner:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from falconet.interfaces import ExportGraph
+from falconet.contract import ExportGraph
 from falconet_detect.postprocess import decode_outputs, select
 
 SELECTION = "per anchor its best class; scores above conf; class-aware NMS at iou; the max_det best"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from falconet.interfaces import Assigner
+from falconet.contract import Assigner
 
 
 class YoloFamily:
@@ -15,7 +15,7 @@ class YoloFamily:
     summary = "anchor-free YOLO, C2f backbone, PAN neck, DFL head (n 3.2M / s 11.2M / m 25.9M)"
     models = ("yolo-n", "yolo-s", "yolo-m")
     priority = 10  # with no model= key a run trains yolo-n, the fastest to train
-    grad_checkpoint_regions = ("backbone", "neck")  # falconet.interfaces.CheckpointingFamily
+    grad_checkpoint_regions = ("backbone", "neck")  # falconet.contract.CheckpointingFamily
 
     def __init__(self, grad_checkpoint: frozenset[str] = frozenset()) -> None:
         self.grad_checkpoint = frozenset(grad_checkpoint)
@@ -86,7 +86,7 @@ class YoloFamily:
 
         return postprocess(outputs, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label)
 
-    def export_graph(self, model: Any):  # -> falconet.interfaces.ExportGraph
+    def export_graph(self, model: Any):  # -> falconet.contract.ExportGraph
         """The network and its box decoding; NMS stays outside the graph
         (:mod:`falconet_detect.export`)."""
         from falconet_detect.export import export_graph

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from falconet import ops
+from falconet.contract import Assigner, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assigner, Predictions
 from falconet_detect.boxes import ciou, decode, encode
 from falconet_detect.network import REG_MAX
 

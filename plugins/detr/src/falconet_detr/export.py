@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from falconet.interfaces import ExportGraph
+from falconet.contract import ExportGraph
 from falconet_detr.boxes import cxcywh_to_xyxy
 
 SELECTION = "the max_det best (query, class) pairs whose score is above conf; no NMS"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from falconet.interfaces import Assigner
+from falconet.contract import Assigner
 
 
 class DetrFamily:
@@ -18,7 +18,7 @@ class DetrFamily:
     summary = "RT-DETR-style: hybrid encoder, deformable decoder, denoising (falconet-detr)"
     models = ("detr-n", "detr-s")
     priority = 0  # the default model only where no family of higher priority is installed
-    grad_checkpoint_regions = ("backbone", "neck")  # falconet.interfaces.CheckpointingFamily
+    grad_checkpoint_regions = ("backbone", "neck")  # falconet.contract.CheckpointingFamily
 
     def __init__(
         self, query_groups: int = 1, grad_checkpoint: frozenset[str] = frozenset()
@@ -30,8 +30,8 @@ class DetrFamily:
         """The family for a run of ``options`` (the run's resolved keys): its own keys read,
         and the regions the core's ``grad_checkpoint`` names (:mod:`falconet.grad_checkpoint`;
         ``neck``: the hybrid encoder)."""
+        from falconet.contract import validated_keys
         from falconet.grad_checkpoint import regions
-        from falconet.interfaces import validated_keys
         from falconet_detr.keys import DetrKeys
 
         return DetrFamily(validated_keys(options, DetrKeys).query_groups, regions(options))
@@ -134,7 +134,7 @@ class DetrFamily:
             )
         return detections
 
-    def export_graph(self, model: Any):  # -> falconet.interfaces.ExportGraph
+    def export_graph(self, model: Any):  # -> falconet.contract.ExportGraph
         """The network, its boxes in input pixels; the selection stays outside the graph
         (:mod:`falconet_detr.export`)."""
         from falconet_detr.export import export_graph

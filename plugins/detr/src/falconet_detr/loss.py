@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from falconet import ops
+from falconet.contract import Assigner, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assigner, Predictions
 from falconet_detr.boxes import cxcywh_to_xyxy, iou_and_giou, xyxy_to_cxcywh
 from falconet_detr.denoising import denoising_queries
 from falconet_detr.network import DetrNet, DetrOutputs

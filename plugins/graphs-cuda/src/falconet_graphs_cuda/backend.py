@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 
 if TYPE_CHECKING:
-    from falconet.training.step import StepParts, TrainStep
+    from falconet.contract import StepParts, TrainStep
 
 CAPTURE_AFTER = 3
 """A shape is recorded on its third call: the first calls warm the allocator and cuDNN, and a
@@ -48,7 +48,7 @@ class CudaGraphBackend:
         return None
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
-        from falconet.training.step import EagerStep
+        from falconet.graph_backends.eager_step import EagerStep
         from falconet_graphs_cuda.graphed import GraphedNetwork
         from falconet_graphs_cuda.recording import CudaRecorder
 

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from falconet.training.step import CaptureStats
+from falconet.contract import CaptureStats
 
 log = logging.getLogger("falconet.train")
 
@@ -176,7 +176,7 @@ class GraphedNetwork:
         return tree_unflatten(list(outputs), recording.spec)
 
     def stats(self) -> CaptureStats:
-        """The recordings so far (:class:`falconet.training.step.CaptureStats`); pending until
+        """The recordings so far (:class:`falconet.contract.CaptureStats`); pending until
         the first recording is made or fails."""
         pending = not self.recordings and not self.failed
         return CaptureStats.from_counts(

@@ -60,7 +60,7 @@ from falconet_graphs_cuda.static_update import (
 from falconet_graphs_cuda.step_modes import COMPILED_NETWORK, fused_bn_silu, side_stream_applies
 
 if TYPE_CHECKING:
-    from falconet.training.step import StepParts
+    from falconet.contract import StepParts
     from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 log = logging.getLogger("falconet.train")

@@ -1,9 +1,9 @@
 """``graph=whole-step``: forward, loss, backward, clipping, optimizer and EMA replayed from CUDA
 graphs, for a family whose loss is static-shaped.
 
-:class:`WholeStep` is the run's step (:class:`falconet.training.step.TrainStep`), built from
-the step's parts; it keeps an :class:`~falconet.training.step.EagerStep` of the same parts for
-the batches it does not replay. Per batch:
+:class:`WholeStep` is the run's step (:class:`falconet.contract.TrainStep`), built from
+the step's parts; it keeps an :class:`~falconet.graph_backends.eager_step.EagerStep` of the
+same parts for the batches it does not replay. Per batch:
 
 * the **key** is the image shape and the targets' bucket ``(M, N)``: the padded slots per image
   and the padded boxes of the batch (powers of two, :mod:`falconet.data.targets`). A batch
@@ -46,13 +46,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from falconet.contract import CaptureStats, StepOutput
 from falconet.data.targets import Targets, fits
-from falconet.training.step import CaptureStats, EagerStep, StepOutput
+from falconet.graph_backends.eager_step import EagerStep
 from falconet_graphs_cuda.graphed import describe_failure
 from falconet_graphs_cuda.static_step import StaticStep
 
 if TYPE_CHECKING:
-    from falconet.training.step import StepParts
+    from falconet.contract import StepParts
     from falconet_graphs_cuda.keys import GraphsCudaKeys
 
 log = logging.getLogger("falconet.train")

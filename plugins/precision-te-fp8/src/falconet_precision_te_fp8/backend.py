@@ -18,7 +18,7 @@ from importlib import metadata
 import torch
 from torch import nn
 
-from falconet.interfaces import PrecisionContext
+from falconet.contract import PrecisionContext
 from falconet.precision import BF16
 from falconet.training.config import ConfigError
 from falconet_precision_te_fp8.eligibility import linear_layers

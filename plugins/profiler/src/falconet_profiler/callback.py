@@ -21,7 +21,7 @@ A capture during the discarded batches or the unsynchronised half moves the wind
 starts only after ``profile_warmup`` batches in a row without one (at most
 ``MAX_WAIT_BATCHES`` more batches); captures during the synchronised half are counted in
 ``profile.json`` (``window.graph_captures``). Captures are read from the run's step
-(``run.step_stats()``, a :class:`~falconet.training.step.CaptureStats` whose ``recorded`` and
+(``run.step_stats()``, a :class:`~falconet.contract.CaptureStats` whose ``recorded`` and
 ``failed`` say how many it has tried). A step that is ``pending`` (it will record but has not
 yet: before its first key has repeated, or with AdamW before its first step) moves
 the window the same way, so the eager batches before its first recording are not timed as

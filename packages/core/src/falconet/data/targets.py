@@ -1,6 +1,6 @@
 """A batch's ground truth, typed: :class:`Targets`, padded and bucketed.
 
-A batch's targets (``falconet.interfaces`` has the conventions) come in two views of the same
+A batch's targets (``falconet.contract`` has the conventions) come in two views of the same
 boxes, both static-shaped per bucket:
 
 * per image: ``boxes [B, M, 4]``, ``labels [B, M]`` and ``counts [B]``, ``M`` the next power

@@ -1,7 +1,7 @@
 """``falconet export`` and ``Detector.export``: a trained detector as an ONNX file, checked.
 
 The family that owns the network makes it exportable
-(:meth:`falconet.interfaces.ExportableFamily.export_graph`: the network and its decoding, to
+(:meth:`falconet.contract.ExportableFamily.export_graph`: the network and its decoding, to
 ``boxes`` and ``scores``); the core chooses the weights (:mod:`~falconet.export.weights`),
 writes the file (:mod:`~falconet.export.onnx_file`) and compares it with PyTorch
 (:mod:`~falconet.export.parity`). ``onnx`` and ``onnxruntime`` come with the ``export`` extra:

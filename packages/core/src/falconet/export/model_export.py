@@ -1,5 +1,5 @@
 """An export from end to end: weights chosen, the family's graph built, the file written and
-checked. The family owns its graph (:class:`~falconet.interfaces.ExportableFamily`); this module
+checked. The family owns its graph (:class:`~falconet.contract.ExportableFamily`); this module
 names no family."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from falconet.contract import ExportableFamily, ExportGraph, ModelFamily
 from falconet.export.onnx_file import (
     check_opset,
     metadata,
@@ -22,7 +23,6 @@ from falconet.export.onnx_file import (
 from falconet.export.options import DEFAULT_OPSET, ExportError, ExportOptions, ParityError
 from falconet.export.parity import Parity, check_parity
 from falconet.export.weights import choose_weights
-from falconet.interfaces import ExportableFamily, ExportGraph, ModelFamily
 
 log = logging.getLogger("falconet.export")
 
@@ -84,7 +84,7 @@ def exportable_graph(family: ModelFamily, module: torch.nn.Module) -> ExportGrap
     if not isinstance(graph, ExportGraph):
         raise ExportError(
             f"the {family.name} family's export_graph returned {type(graph).__name__}, "
-            "not a falconet.interfaces.ExportGraph"
+            "not a falconet.contract.ExportGraph"
         )
     return graph
 

@@ -1,4 +1,4 @@
-"""Writing an :class:`~falconet.interfaces.ExportGraph` as an ONNX file, with its metadata.
+"""Writing an :class:`~falconet.contract.ExportGraph` as an ONNX file, with its metadata.
 
 The graph is traced by torch's TorchScript-based exporter (``torch.onnx.export(...,
 dynamo=False)``): it needs only the ``onnx`` package and exports a model in seconds on a
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from falconet.contract import ExportGraph
 from falconet.export.options import ExportError
-from falconet.interfaces import ExportGraph
 
 INPUT = "images"
 OUTPUTS = ("boxes", "scores")

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from falconet.contract import ExportGraph
 from falconet.export.onnx_file import INPUT, require
-from falconet.interfaces import ExportGraph
 
 TOP = 100
 SCORE_TOLERANCE = 1e-4

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 from falconet.keys import KeyGroup
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from falconet.training.step import CaptureStats, StepParts, TrainStep
+    from falconet.contract import CaptureStats, StepParts, TrainStep
 
 log = logging.getLogger("falconet.train")
 
@@ -80,7 +80,7 @@ class CompileBackend:
         return None
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
-        from falconet.training.step import EagerStep
+        from falconet.graph_backends.eager_step import EagerStep
 
         network = CompiledNetwork(parts.model, context.keys(CompileKeys).compile_mode)
         return EagerStep(parts, network, network.stats)
@@ -136,7 +136,7 @@ class CompiledNetwork:
 
     def stats(self) -> CaptureStats:
         """A failed compilation counts as a failed capture."""
-        from falconet.training.step import CaptureStats
+        from falconet.contract import CaptureStats
 
         return CaptureStats(failed=int(self.failed is not None))
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from falconet.interfaces import GraphContext
+from falconet.contract import GraphContext
 
 if TYPE_CHECKING:
-    from falconet.training.step import StepParts, TrainStep
+    from falconet.contract import StepParts, TrainStep
 
 
 class EagerBackend:
-    """Run the step op by op (:class:`falconet.training.step.EagerStep`)."""
+    """Run the step op by op (:class:`falconet.graph_backends.eager_step.EagerStep`)."""
 
     name = "eager"
     summary = "the step op by op (the fallback of every other backend)"
@@ -26,6 +26,6 @@ class EagerBackend:
         return None
 
     def build_step(self, parts: StepParts, context: GraphContext) -> TrainStep:
-        from falconet.training.step import EagerStep
+        from falconet.graph_backends.eager_step import EagerStep
 
         return EagerStep(parts)

@@ -3,7 +3,7 @@
 :func:`assemble` reads as the list of what a run is: the device and its seeds, the data, the
 network (with its starting weights), the precision, the loss with its assigner, the loaders,
 the optimizer with its schedule, the scaler, the EMA, and the step that the chosen graph
-backend builds from those parts (:mod:`falconet.training.step`). Each part comes from a
+backend builds from those parts (:mod:`falconet.contract.step`). Each part comes from a
 registry, so a plugin's part is assembled exactly as a built-in one.
 """
 
@@ -19,11 +19,19 @@ import torch
 from torch import nn
 
 from falconet import ops
+from falconet.contract import (
+    GraphContext,
+    ModelFamily,
+    PrecisionBackend,
+    PrecisionContext,
+    Progress,
+    StepParts,
+    TrainStep,
+)
 from falconet.data.gpu_cache import Filled
 from falconet.data.records import DataError, Dataset
 from falconet.data.resolve import load_dataset
 from falconet.data.tiers import GPU_TIERS
-from falconet.interfaces import GraphContext, ModelFamily, PrecisionBackend, PrecisionContext
 from falconet.loss_scaler import LossScaler
 from falconet.plugins import Plugins
 from falconet.training.autobatch import (
@@ -62,7 +70,6 @@ from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
 from falconet.training.phases import Phases
 from falconet.training.planning import ModelSpec, Plan
 from falconet.training.startup_clock import StartupClock
-from falconet.training.step import Progress, StepParts, TrainStep
 from falconet.training.threads import apply_threads
 
 log = logging.getLogger("falconet.train")

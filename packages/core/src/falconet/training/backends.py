@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from falconet.interfaces import GraphBackend, GraphContext, PrecisionBackend, PrecisionContext
+from falconet.contract import GraphBackend, GraphContext, PrecisionBackend, PrecisionContext
 from falconet.plugins import Plugins
 from falconet.training.config import ConfigError
 

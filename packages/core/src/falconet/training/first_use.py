@@ -64,8 +64,8 @@ import torch
 from torch import nn
 
 from falconet import ops
+from falconet.contract import PrecisionBackend
 from falconet.data.targets import Targets
-from falconet.interfaces import PrecisionBackend
 from falconet.precision import AutocastPrecision
 
 log = logging.getLogger("falconet.train")

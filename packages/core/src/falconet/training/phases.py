@@ -7,7 +7,7 @@ clip, step, zero) and ``ema``; ``optimizer`` and ``ema`` only on steps that upda
 runs its replayed batches as one ``step`` phase instead of forward to ema.
 
 :class:`Phases` is one object shared by the loop and the step (it is one of the step's parts,
-:class:`falconet.training.step.StepParts`). By default it hands back one shared do-nothing
+:class:`falconet.contract.StepParts`). By default it hands back one shared do-nothing
 context, so the seam costs a call per phase and no allocation; a profiler installs its own
 timer for a window of steps (:meth:`Phases.use`) and puts the default back after
 (:meth:`Phases.reset`).

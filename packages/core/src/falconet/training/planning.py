@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from falconet.contract import Callback, ModelFamily
 from falconet.data.records import DataError
 from falconet.data.resolve import resolve_data_path
 from falconet.data.yolo import read_yaml
-from falconet.interfaces import Callback, ModelFamily
 from falconet.plugins import Plugins
 from falconet.training.augment_presets import preset_keys
 from falconet.training.checkpoint import load_checkpoint

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from falconet.contract import CaptureStats, Progress
     from falconet.evaluation.contract import EvalResult
     from falconet.levers import Lever
     from falconet.training.config import TrainConfig
     from falconet.training.phases import Phases
-    from falconet.training.step import CaptureStats, Progress
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class RunState:
 
     def step_stats(self) -> CaptureStats:
         """What the step's graph backend has captured so far."""
-        from falconet.training.step import NO_CAPTURES
+        from falconet.contract import NO_CAPTURES
 
         return self._stats() if self._stats is not None else NO_CAPTURES
 

@@ -2,7 +2,7 @@
 
 The run's parts are assembled once (:func:`falconet.training.assembly.assemble`); the loop
 fetches each batch and moves it to the device (the ``data`` and ``to-device`` phases), calls
-the run's step (:class:`falconet.training.step.TrainStep`, built by the graph backend) with
+the run's step (:class:`falconet.contract.TrainStep`, built by the graph backend) with
 ``update`` on every ``accumulate``-th batch and on an epoch's last, and keeps the epoch's
 bookkeeping on the device: losses and the non-finite counter are summed there and read every
 ``log_interval`` batches (one interval late, without waiting for the GPU:

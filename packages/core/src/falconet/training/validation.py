@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from falconet.contract import ModelFamily
 from falconet.data.records import Dataset, Split
 from falconet.evaluation.accumulator import DetectionAccumulator
 from falconet.evaluation.contract import EvalResult, GroundTruth
 from falconet.evaluation.evaluate import evaluate
-from falconet.interfaces import ModelFamily
 from falconet.plugins import Plugins
 from falconet.training.distributed import gather_states
 

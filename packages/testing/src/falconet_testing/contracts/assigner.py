@@ -1,5 +1,5 @@
 """What every label assigner must do, on seeded random predictions and padded targets, and
-that what it declares static (:meth:`falconet.interfaces.Assigner.static_on`) is so."""
+that what it declares static (:meth:`falconet.contract.Assigner.static_on`) is so."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from falconet.interfaces import Assigner
+from falconet.contract import Assigner
 
 if TYPE_CHECKING:
+    from falconet.contract import Predictions
     from falconet.data.targets import Targets
-    from falconet.interfaces import Predictions
 
 
 def assigner_inputs(seed: int = 0) -> tuple[Predictions, Targets]:
@@ -20,8 +20,8 @@ def assigner_inputs(seed: int = 0) -> tuple[Predictions, Targets]:
     image 0 has 3 boxes, image 1 none, image 2 six (no padding slots)."""
     import torch
 
+    from falconet.contract import Predictions
     from falconet.data.targets import Targets
-    from falconet.interfaces import Predictions
 
     g = torch.Generator().manual_seed(seed)
     ys, xs = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
@@ -45,7 +45,7 @@ def assigner_inputs(seed: int = 0) -> tuple[Predictions, Targets]:
 
 def inputs_on(device: Any, seed: int = 0) -> tuple[Predictions, Targets]:
     """:func:`assigner_inputs` on ``device`` (``"meta"``: their shapes alone, no values)."""
-    from falconet.interfaces import Predictions
+    from falconet.contract import Predictions
 
     predictions, targets = assigner_inputs(seed)
     return Predictions(*(t.to(device) for t in astuple(predictions))), targets.to(device)

@@ -22,9 +22,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from falconet.contract import EvalBackend
 from falconet.evaluation.contract import STAT_KEYS, EvalResult
 from falconet.evaluation.pycocotools_backend import PycocotoolsBackend
-from falconet.interfaces import EvalBackend
 from falconet_testing.eval_cases import PARITY_CASES
 from falconet_testing.known_answers import KNOWN_ANSWERS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any, ClassVar
 
-from falconet.interfaces import Assigner, ModelFamily
+from falconet.contract import Assigner, ModelFamily
 
 
 def tiny_batch(size: int = 64, classes: int = 3) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class FamilyContract:
         assert region is None or isinstance(region, torch.nn.Module)
 
     def test_grad_checkpoint_changes_no_number(self) -> None:
-        """A family that checkpoints (:class:`falconet.interfaces.CheckpointingFamily`): two
+        """A family that checkpoints (:class:`falconet.contract.CheckpointingFamily`): two
         SGD steps with every region checkpointed leave the loss, every gradient, weight and
         buffer (BatchNorm's running statistics among them) as they are without, bit for bit:
         the recomputation runs the same kernels on the same inputs and autograd's graph keeps
@@ -125,8 +125,8 @@ class FamilyContract:
         import pytest
         import torch
 
+        from falconet.contract import CheckpointingFamily
         from falconet.data.targets import Targets
-        from falconet.interfaces import CheckpointingFamily
 
         if not isinstance(self.family, CheckpointingFamily):
             pytest.skip("the family declares no grad_checkpoint regions")

@@ -2,11 +2,11 @@
 eager step does.
 
 The suite trains a small BatchNorm network for a few accumulation windows twice from the same
-state and batches, once with :class:`falconet.training.step.EagerStep` and once with the
+state and batches, once with :class:`falconet.graph_backends.eager_step.EagerStep` and once with the
 backend's step, and compares losses, weights, optimizer state, EMA and update counts. Set
 ``exact = False`` (with ``rtol``/``atol``) for a backend whose kernels round differently from
 eager (``compile``). A backend that declines on ``device`` skips the training tests with its
-reason. Its context holds the step's own objects (:class:`falconet.interfaces.GraphContext`:
+reason. Its context holds the step's own objects (:class:`falconet.contract.GraphContext`:
 the precision backend, optimizer and scaler themselves), and it is asked with each built-in
 precision. ``build_step`` may be overridden to drive a backend on the CPU with a stand-in
 recorder (the whole step's logic, with its recordings run eagerly on the same static buffers).
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from falconet.interfaces import GraphBackend, GraphContext
+from falconet.contract import GraphBackend, GraphContext
 
 BATCHES = 12
 ACCUMULATE = 2
@@ -64,11 +64,11 @@ def sample_batches(device: Any) -> list[tuple[Any, Any]]:
 def sample_parts(device: Any) -> Any:
     import torch
 
+    from falconet.contract import Progress, StepParts
     from falconet.precision import FP32
     from falconet.training.config import TrainConfig
     from falconet.training.optimization import ModelEMA, Schedule, build_optimizer
     from falconet.training.phases import Phases
-    from falconet.training.step import Progress, StepParts
 
     cfg = TrainConfig(batch=4, nbs=8, warmup_epochs=0, lr0=0.05, clip_grad=1.0)
     model = _network().to(device, memory_format=torch.channels_last).train()
@@ -181,7 +181,8 @@ class GraphBackendContract:
     def test_trains_as_the_eager_step(self) -> None:
         import torch
 
-        from falconet.training.step import CaptureStats, EagerStep
+        from falconet.contract import CaptureStats
+        from falconet.graph_backends.eager_step import EagerStep
 
         eager, parts = sample_parts(self.device), sample_parts(self.device)
         self._declined(parts)

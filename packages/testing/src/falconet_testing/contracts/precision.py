@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import pytest
 
-from falconet.interfaces import PrecisionBackend, PrecisionContext
+from falconet.contract import PrecisionBackend, PrecisionContext
 
 
 def _network(device):

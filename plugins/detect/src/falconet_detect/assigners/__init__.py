@@ -1,5 +1,5 @@
 """Label assigners: standalone no-grad functions ``(Predictions, Targets) -> Assignment``
-(:mod:`falconet.interfaces`, :mod:`falconet.data.targets`).
+(:mod:`falconet.contract`, :mod:`falconet.data.targets`).
 
 What the plugin registers is a :class:`LazyAssigner`: its name and summary cost nothing, and
 the implementation (which imports torch) loads on the first call. Each implementation declares
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from falconet.contract import Assignment, Predictions
     from falconet.data.targets import Targets
-    from falconet.interfaces import Assignment, Predictions
 
 
 class LazyAssigner:
@@ -30,7 +30,7 @@ class LazyAssigner:
         return self._implementation()(predictions, targets)
 
     def static_on(self, device: torch.device) -> bool:
-        """The implementation's own (:meth:`falconet.interfaces.Assigner.static_on`)."""
+        """The implementation's own (:meth:`falconet.contract.Assigner.static_on`)."""
         return self._implementation().static_on(device)
 
     def _implementation(self) -> Any:

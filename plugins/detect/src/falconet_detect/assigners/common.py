@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from falconet.contract import Assignment, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assignment, Predictions
 
 
 def one_hot(index: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:

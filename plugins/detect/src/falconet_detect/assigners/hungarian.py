@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from falconet.contract import Assignment, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assignment, Predictions
 from falconet_detect.assigners.common import assignment
 from falconet_detect.assigners.gpu_solver import gpu_solver, match_on_device
 from falconet_detect.boxes import pairwise_giou, pairwise_iou

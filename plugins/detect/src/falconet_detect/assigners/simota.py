@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from falconet.contract import Assignment, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assignment, Predictions
 from falconet_detect.assigners.common import assignment, one_hot
 from falconet_detect.boxes import pairwise_iou
 

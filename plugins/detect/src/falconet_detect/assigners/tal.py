@@ -24,8 +24,8 @@ import warnings
 
 import torch
 
+from falconet.contract import Assignment, Predictions
 from falconet.data.targets import Targets
-from falconet.interfaces import Assignment, Predictions
 from falconet_detect.assigners.common import assignment
 from falconet_detect.boxes import pairwise_iou
 

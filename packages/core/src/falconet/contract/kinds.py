@@ -1,4 +1,4 @@
-"""The contract of each kind of thing a plugin can register.
+"""The contract of each kind of thing a plugin can register (:mod:`falconet.contract`'s face).
 
 Every kind is a runtime-checkable :class:`typing.Protocol`: a registry refuses an item that lacks
 the attributes below, with the plugin named. Conventions shared by all kinds:
@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from torch import nn
 
+    from falconet.contract.step import StepParts, TrainStep
     from falconet.loss_scaler import LossScaler
     from falconet.training.config import TrainConfig
-    from falconet.training.step import StepParts, TrainStep
 
     KeysT = TypeVar("KeysT", bound=BaseModel)
 
@@ -360,9 +360,9 @@ class GraphContext:
 class GraphBackend(Protocol):
     """How a training step runs: op by op, compiled, or replayed from CUDA graphs.
 
-    The backend receives the step's parts (:class:`falconet.training.step.StepParts`) and
-    returns a :class:`falconet.training.step.TrainStep`; it never sees the trainer. A backend
-    that dispatches only the network gives :class:`falconet.training.step.EagerStep` its
+    The backend receives the step's parts (:class:`falconet.contract.StepParts`) and
+    returns a :class:`falconet.contract.TrainStep`; it never sees the trainer. A backend
+    that dispatches only the network gives :class:`falconet.graph_backends.eager_step.EagerStep` its
     network callable; one that takes over the whole step keeps an eager step for the batches
     it does not replay. Either way the step leaves the model, optimizer state, scaler and EMA
     as the eager step would, so checkpoints and resume do not depend on the backend.
