@@ -11,11 +11,15 @@ the contract (xyxy -> xywh, labels -> category ids). The outputs sit on ``--devi
 the GPU when there is one), where a validation run's postprocess leaves them.
 
     uv run --with hotcoco --with vernier python tools/bench_eval.py --threads 2
+
+``--json PATH`` also writes the raw numbers (every repeat's seconds, versions, settings) for
+docs/bench-results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -98,13 +102,24 @@ def accumulate(gt: GroundTruth, outputs: list, batch: int = 32) -> tuple[Detecti
     return acc.detections(), time.perf_counter() - t0
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
+def timed(fn, repeats: int) -> tuple[float, object, list[float]]:
+    """The median seconds of ``repeats`` calls, the last result, and every call's seconds."""
     times, result = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+    return statistics.median(times), result, times
+
+
+def cpu_model() -> str:
+    """The CPU's model name (what ``lscpu`` shows), where Linux tells it."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if "model name" in line]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor()
 
 
 def main() -> None:
@@ -115,6 +130,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", default="", help="comma list (default: all installed)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default="", help="also write the raw numbers to this file")
     args = parser.parse_args()
 
     plugins = get_plugins()
@@ -122,7 +138,7 @@ def main() -> None:
     gt, outputs = make_set(args.images, args.dets_per_image)
     outputs = [{k: v.to(args.device) for k, v in out.items()} for out in outputs]
     accumulate(gt, outputs)  # warm-up (first CUDA kernels)
-    overhead, (dets, adding) = timed(lambda: accumulate(gt, outputs), args.repeats)
+    overhead, (dets, adding), overhead_runs = timed(lambda: accumulate(gt, outputs), args.repeats)
     small_gt, small_out = make_set(50, 20, seed=1)
     small_dets, _ = accumulate(small_gt, small_out)
     print(
@@ -135,7 +151,7 @@ def main() -> None:
         f"median of {args.repeats}; detector outputs on {args.device}"
     )
     print(f"falconet accumulate + convert: {overhead:.3f} s (add: {adding:.3f} s)")
-    rows, reference = [], None
+    rows, reference, raw = [], None, []
     for name in sorted(names, key=lambda n: n != "pycocotools"):
         backend = plugins.eval_backends.get(name)
         try:
@@ -144,13 +160,23 @@ def main() -> None:
             print(f"skip {name}: {exc}")
             continue
         backend.evaluate(small_gt, small_dets, threads=args.threads)  # warm-up
-        seconds, result = timed(
+        seconds, result, runs = timed(
             lambda b=backend: b.evaluate(gt, dets, threads=args.threads), args.repeats
         )
         if name == "pycocotools":
             reference = result
         same = "-" if reference is None else ("yes" if result.stats == reference.stats else "NO")
         rows.append((name, version, seconds, same))
+        raw.append(
+            {
+                "backend": name,
+                "version": version,
+                "median_s": seconds,
+                "runs_s": runs,
+                "same_as_pycocotools": same,
+                "stats": dict(result.stats),
+            }
+        )
     base = next((s for n, _, s, _ in rows if n == "pycocotools"), None)
     print(
         "\n| backend | version | evaluate (s) | vs pycocotools | falconet overhead | "
@@ -163,6 +189,31 @@ def main() -> None:
             f"| {name} | {version} | {seconds:.3f} | {ratio} | "
             f"{100 * overhead / seconds:.0f}% | {same} |"
         )
+    if args.json:
+        document = {
+            "script": "tools/bench_eval.py",
+            "settings": vars(args),
+            "machine": {
+                "processor": platform.processor() or platform.machine(),
+                "cpu": cpu_model(),
+                "cores": os.cpu_count(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+            },
+            "set": {
+                "images": len(gt.image_ids),
+                "ground_truth_boxes": len(gt.ann_image_ids),
+                "crowd": int(gt.ann_iscrowd.sum()),
+                "detections": len(dets),
+            },
+            "falconet_accumulate_convert_s": {"median": overhead, "runs": overhead_runs},
+            "falconet_add_s": adding,
+            "backends": raw,
+        }
+        with open(args.json, "w") as handle:
+            json.dump(document, handle, indent=1)
+            handle.write("\n")
 
 
 if __name__ == "__main__":
