@@ -30,7 +30,10 @@ def _keys_epilog(width: int = EPILOG_WIDTH) -> str:
     lines = ["\b", "Keys (KEY=VALUE; default, meaning):"]
     owner = CORE
     indent = " " * 36  # two spaces, the key's 20 and a space, the default's 12 and a space
-    for key, default, meaning, declared_by in describe_keys(config_model(plugins)):
+    rows = describe_keys(config_model(plugins))
+    # the core's keys together, its built-in plugin's key groups (grad_checkpoint) included
+    rows = sorted(rows, key=lambda row: row[3] != CORE)
+    for key, default, meaning, declared_by in rows:
         if key in installed:
             meaning = f"{meaning}; installed: {installed[key]}"
         if declared_by != owner:
