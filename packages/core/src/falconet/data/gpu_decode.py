@@ -32,8 +32,8 @@ drawn grey with its boxes left out from then on, one warning per file, as the CP
 Without a CUDA device or torchvision every file goes to the CPU decoder.
 
 **Sharing the decode with the CPU.** Beside a training step that keeps the GPU full, nvJPEG's
-call slows down several times over (at batch 64 on an H100 it took ~40 ms a batch beside the
-step, against ~7 ms for the whole loader alone; docs/lab/2026-12-07-data-at-scale.md), while
+call slows down several times over against the loader alone (measured at batch 64:
+docs/lab/2026-12-07-data-at-scale.md), while
 the process keeps only about one of the machine's cores busy. So a share ``cpu_share`` of the
 files nvJPEG would take (``cpu_decode=`` in a run) goes to the reader threads' CPU decoder
 instead, decoded and resized beside the nvJPEG call and copied up from pinned memory. Which
