@@ -459,9 +459,9 @@ def test_the_next_epochs_first_batch_is_fetched_before_the_last_log_read_and_cha
     events: list[str] = []
     fetch, read = ahead._fetch, ahead._log_reads.read
 
-    def logged_fetch(batches):
+    def logged_fetch(batches, epoch, index):
         events.append("fetch")
-        return fetch(batches)
+        return fetch(batches, epoch, index)
 
     def logged_read(values, *, now):
         events.append("read" if now else "lagged read")
@@ -491,11 +491,11 @@ def test_a_loader_failing_at_the_next_epochs_first_batch_keeps_this_epochs_check
     trainer = _trainer(tiny_run, installed_falconet_plugins, epochs=2)
     fetch, fetched = trainer._fetch, []
 
-    def failing_fetch(batches):
-        fetched.append(trainer.progress.epoch)
+    def failing_fetch(batches, epoch, index):
+        fetched.append((epoch, index))
         if len(fetched) == 4:  # 3 batches an epoch: the second epoch's first
             raise RuntimeError("a loader worker died")
-        return fetch(batches)
+        return fetch(batches, epoch, index)
 
     trainer._fetch = failing_fetch
     with pytest.raises(RuntimeError, match="worker died"):
